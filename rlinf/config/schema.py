@@ -1,0 +1,200 @@
+"""Typed recipe schema. Imports nothing heavy: config tooling and `--help` stay fast.
+
+Every field carries a one-line comment (`# doc:`) that docs/configuration.md is generated from;
+a unit test keeps that page in step with this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    num_nodes: int = 1  # doc: nodes in the Ray cluster
+    num_gpus_per_node: int | None = None  # doc: GPUs per node; null = detect (0 on a CPU machine)
+    # doc: role(s) -> "all", a GPU range "0-3", or a list "0,2"; roles joined by commas share GPUs
+    component_placement: dict[str, str] = field(default_factory=lambda: {"actor,rollout,reward": "all"})
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    log_path: str | None = None  # doc: TensorBoard / resolved-config dir; null = ./logs/<experiment_name>
+    logger_backends: tuple[str, ...] = ("tensorboard",)  # doc: metric sinks: tensorboard, console
+    plot: bool = True  # doc: save a PNG of reward and validation accuracy per step next to the logs
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    task_type: Literal["math"] = "math"  # doc: task family
+    experiment_name: str = "grpo"  # doc: names the log and checkpoint folders
+    output_dir: str = "./results"  # doc: checkpoints go to <output_dir>/<experiment_name>/checkpoints
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # doc: metric logging
+    seed: int = 1234  # doc: global seed (data order, sampling, init)
+    max_epochs: int = 1  # doc: passes over the training set
+    max_steps: int = -1  # doc: stop after this many GRPO steps; -1 = bounded by max_epochs only
+    val_check_interval: int = 0  # doc: validate every N steps (and before step 1 and at the end); 0 = never
+    save_interval: int = 0  # doc: checkpoint every N steps (and at the end); 0 = only at the end
+    keep_checkpoints: int = 2  # doc: keep the last K checkpoints
+    resume_dir: str | None = None  # doc: "auto" (latest of this experiment), a checkpoint path, or null
+    max_consecutive_skips: int = 3  # doc: abort after this many non-finite optimizer steps in a row
+
+
+@dataclass(frozen=True)
+class RolloutISConfig:
+    mode: Literal["none", "token_tis"] = "none"  # doc: rollout/trainer mismatch correction
+    clip: float = 2.0  # doc: token_tis weight cap: min(exp(logp_actor - logp_rollout), clip)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0  # doc: sampling temperature (logprobs are of the tempered distribution)
+    top_p: float = 1.0  # doc: nucleus sampling mass
+    top_k: int = -1  # doc: keep the k most likely tokens; -1 = all
+    max_new_tokens: int = 512  # doc: response length cap
+    min_new_tokens: int = 0  # doc: EOS is masked until this many tokens are generated
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_type: str = "grpo"  # doc: advantage estimator: grpo, dr_grpo, rloo
+    group_size: int = 8  # doc: responses sampled per prompt
+    normalize_advantages: bool = False  # doc: whiten advantages over the whole batch
+    loss_type: str = "actor"  # doc: policy loss: actor (PPO clipped surrogate)
+    loss_agg_func: str = "token-mean"  # doc: token-mean, seq-mean-token-mean, seq-mean-token-sum
+    ratio_clip_eps: float = 0.2  # doc: lower clip: ratio >= 1 - ratio_clip_eps
+    clip_ratio_high: float = 0.2  # doc: upper clip: ratio <= 1 + clip_ratio_high
+    clip_ratio_c: float | None = None  # doc: dual-clip bound for negative advantages (> 1); null = off
+    kl_beta: float = 0.0  # doc: KL-to-reference coefficient; 0 skips the reference model entirely
+    kl_penalty_type: str = "low_var_kl"  # doc: k1, k2, k3, low_var_kl
+    entropy_bonus: float = 0.0  # doc: entropy coefficient subtracted from the loss
+    early_stop_imp_ratio: float | None = None  # doc: drop a minibatch whose mean pi/pi_old exceeds this
+    rollout_is: RolloutISConfig = field(default_factory=RolloutISConfig)  # doc: mismatch correction
+    sampling_params: SamplingConfig = field(default_factory=SamplingConfig)  # doc: rollout sampling
+    val_n: int = 1  # doc: samples per validation problem (mean@k, pass@k); greedy pass@1 always
+
+
+@dataclass(frozen=True)
+class SyntheticDataConfig:
+    digits: int = 2  # doc: max digits of each operand
+    operations: tuple[str, ...] = ("+", "-")  # doc: operators drawn from + - *
+    steps: int = 2  # doc: operations per problem
+    num_train: int = 4096  # doc: training problems
+    num_val: int = 128  # doc: validation problems (disjoint from training)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    type: Literal["math", "synthetic"] = "math"  # doc: math = files; synthetic = generated arithmetic
+    train_data_paths: tuple[str, ...] = ()  # doc: jsonl / json / parquet files for training
+    val_data_paths: tuple[str, ...] = ()  # doc: files for validation
+    prompt_key: str = "prompt"  # doc: record field holding the prompt (string or chat messages)
+    answer_key: str = "solutions"  # doc: record field holding the answer(s)
+    apply_chat_template: bool = False  # doc: render prompts with the tokenizer's chat template
+    max_prompt_length: int = 1024  # doc: longer prompts are dropped (counted, with a warning)
+    rollout_batch_size: int = 8  # doc: prompts per GRPO step (responses = this x group_size)
+    val_batch_size: int | None = None  # doc: prompts per validation generate call; null = all at once
+    shuffle: bool = True  # doc: reshuffle the training set each epoch (seeded)
+    skip_invalid: bool = False  # doc: skip and count bad records instead of failing
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)  # doc: generator knobs
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str = ""  # doc: HF checkpoint dir, or tiny://bootstrap for the built tiny model
+    model_type: str = "deepseek_v3"  # doc: architecture family (deepseek_v3)
+    precision: Precision = "bf16"  # doc: parameter / compute dtype
+    trust_remote_code: bool = False  # doc: allow the checkpoint's own tokenizer code (Moonlight needs it)
+    tensor_model_parallel_size: int = 1  # doc: megatron TP
+    pipeline_model_parallel_size: int = 1  # doc: megatron PP
+    expert_model_parallel_size: int = 1  # doc: megatron EP
+    expert_tensor_parallel_size: int = 1  # doc: megatron ETP
+    context_parallel_size: int = 1  # doc: megatron CP
+    sequence_parallel: bool = False  # doc: megatron sequence parallel (required for MoE with TP > 1)
+    multi_latent_attention: bool = True  # doc: MLA (DeepSeek-V3)
+    moe_token_dispatcher_type: str = "alltoall"  # doc: megatron MoE dispatcher
+    recompute_granularity: str | None = None  # doc: megatron activation recompute: null, selective, full
+    recompute_modules: tuple[str, ...] = ()  # doc: modules recomputed with selective granularity
+    moe_router_bias_update_rate: float = 0.0  # doc: 0 freezes the routing bias during RL
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    optimizer: Literal["adam"] = "adam"  # doc: AdamW
+    lr: float = 1e-6  # doc: peak learning rate
+    weight_decay: float = 0.01  # doc: decoupled weight decay
+    adam_beta1: float = 0.9  # doc: Adam beta1
+    adam_beta2: float = 0.999  # doc: Adam beta2
+    adam_eps: float = 1e-8  # doc: Adam epsilon
+    clip_grad: float = 1.0  # doc: global grad-norm clip
+    use_distributed_optimizer: bool = True  # doc: megatron: shard optimizer state over DP
+    use_precision_aware_optimizer: bool = False  # doc: megatron: keep master weights/states in low precision
+    main_params_dtype: str = "fp32"  # doc: master weight dtype with the precision-aware optimizer
+    exp_avg_dtype: str = "fp32"  # doc: first-moment dtype with the precision-aware optimizer
+    exp_avg_sq_dtype: str = "fp32"  # doc: second-moment dtype with the precision-aware optimizer
+
+
+@dataclass(frozen=True)
+class LRSchedulerConfig:
+    lr_decay_style: Literal["constant", "warmup_constant"] = "constant"  # doc: LR schedule
+    lr_warmup_steps: int = 0  # doc: linear warmup optimizer steps
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    training_backend: str = "torch"  # doc: torch (embedded) or megatron
+    micro_batch_size: int = 4  # doc: sequences per forward/backward
+    global_batch_size: int = 32  # doc: sequences per optimizer step (a minibatch), across DP ranks
+    seq_length: int = 2048  # doc: max prompt + response tokens
+    model: ModelConfig = field(default_factory=ModelConfig)  # doc: model and parallelism
+    optim: OptimConfig = field(default_factory=OptimConfig)  # doc: optimizer
+    lr_sched: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)  # doc: LR schedule
+    offload_between_phases: bool = False  # doc: colocated: move weights/optimizer off GPU during rollout
+    num_threads: int | None = None  # doc: torch CPU threads per actor worker; null = torch default
+
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    enable_ep_moe: bool = True  # doc: expert-parallel MoE (ep_size = tensor_parallel_size)
+    attention_backend: str = "fa3"  # doc: SGLang attention backend
+    cuda_graph_max_bs: int = 256  # doc: largest CUDA-graph batch
+
+
+@dataclass(frozen=True)
+class RolloutModelConfig:
+    model_path: str = ""  # doc: defaults to actor.model.model_path when empty
+    model_type: str = "deepseek_v3"  # doc: architecture family
+    precision: Precision = "bf16"  # doc: rollout dtype
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    rollout_backend: str = "torch"  # doc: torch (embedded) or sglang
+    model: RolloutModelConfig = field(default_factory=RolloutModelConfig)  # doc: rollout model
+    tensor_parallel_size: int = 1  # doc: GPUs per rollout engine
+    gpu_memory_utilization: float = 0.5  # doc: fraction of GPU memory for weights + KV cache
+    max_batch_size: int = 256  # doc: torch backend: sequences decoded together
+    weight_sync_bucket_mb: int = 512  # doc: weight sync bucket size
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)  # doc: SGLang engine options
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    reward_type: str = "math"  # doc: reward function (math)
+    reward_scale: float = 5.0  # doc: +scale for a right answer, -scale for a wrong one
+    timeout_s: float = 5.0  # doc: per-answer grading timeout (scored wrong, counted in reward/timeouts)
+    num_workers: int = 2  # doc: grading processes
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # doc: Ray cluster and placement
+    runner: RunnerConfig = field(default_factory=RunnerConfig)  # doc: loop, logging, checkpoints
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # doc: GRPO maths
+    data: DataConfig = field(default_factory=DataConfig)  # doc: datasets
+    actor: ActorConfig = field(default_factory=ActorConfig)  # doc: trainer
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # doc: generation
+    reward: RewardConfig = field(default_factory=RewardConfig)  # doc: reward
