@@ -1,0 +1,172 @@
+"""Cross-field rules, each a named function, all run before any worker starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlinf.config.placement import Placement, parse_placement
+from rlinf.config.schema import Config
+from rlinf.config.typed import ConfigError
+
+# Names the registries in rlinf/algorithms and rlinf/rewards provide; a unit test keeps them equal,
+# so validation needs no torch import.
+ADV_TYPES = ("grpo", "dr_grpo", "rloo")
+LOSS_TYPES = ("actor",)
+LOSS_AGG_FUNCS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_PENALTY_TYPES = ("k1", "k2", "k3", "low_var_kl")
+REWARD_TYPES = ("math",)
+TRAINING_BACKENDS = ("torch", "megatron")
+ROLLOUT_BACKENDS = ("torch", "sglang")
+MODEL_TYPES = ("deepseek_v3",)
+
+
+def total_gpus(cfg: Config) -> int:
+    return cfg.cluster.num_nodes * (cfg.cluster.num_gpus_per_node or 0)
+
+
+def placement_of(cfg: Config) -> Placement:
+    return parse_placement(cfg.cluster.component_placement, total_gpus(cfg))
+
+
+def actor_data_parallel_size(cfg: Config) -> int:
+    gpus = len(placement_of(cfg).gpus["actor"])
+    if cfg.actor.training_backend != "megatron" or gpus == 0:
+        return 1
+    m = cfg.actor.model
+    return gpus // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size)
+
+
+def _one_of(where: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def check_names(cfg: Config) -> None:
+    a = cfg.algorithm
+    _one_of("algorithm.adv_type", a.adv_type, ADV_TYPES)
+    _one_of("algorithm.loss_type", a.loss_type, LOSS_TYPES)
+    _one_of("algorithm.loss_agg_func", a.loss_agg_func, LOSS_AGG_FUNCS)
+    _one_of("algorithm.kl_penalty_type", a.kl_penalty_type, KL_PENALTY_TYPES)
+    _one_of("reward.reward_type", cfg.reward.reward_type, REWARD_TYPES)
+    _one_of("actor.training_backend", cfg.actor.training_backend, TRAINING_BACKENDS)
+    _one_of("rollout.rollout_backend", cfg.rollout.rollout_backend, ROLLOUT_BACKENDS)
+    _one_of("actor.model.model_type", cfg.actor.model.model_type, MODEL_TYPES)
+    _one_of("rollout.model.model_type", cfg.rollout.model.model_type, MODEL_TYPES)
+
+
+def check_algorithm_ranges(cfg: Config) -> None:
+    a, s = cfg.algorithm, cfg.algorithm.sampling_params
+    if a.group_size < 2:
+        raise ConfigError(f"algorithm.group_size: {a.group_size} < 2; group advantages need 2+ responses")
+    if not 0 < a.ratio_clip_eps < 1 or a.clip_ratio_high <= 0:
+        raise ConfigError("algorithm.ratio_clip_eps must be in (0, 1) and algorithm.clip_ratio_high > 0")
+    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
+        raise ConfigError(f"algorithm.clip_ratio_c: {a.clip_ratio_c} must be > 1 (or null)")
+    if a.kl_beta < 0 or a.entropy_bonus < 0:
+        raise ConfigError("algorithm.kl_beta and algorithm.entropy_bonus must be >= 0")
+    if a.rollout_is.clip <= 0:
+        raise ConfigError("algorithm.rollout_is.clip must be > 0")
+    if a.val_n < 1:
+        raise ConfigError("algorithm.val_n must be >= 1")
+    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k == 0 or s.top_k < -1:
+        raise ConfigError("algorithm.sampling_params: temperature >= 0, 0 < top_p <= 1, top_k = -1 or >= 1")
+    if not 0 <= s.min_new_tokens <= s.max_new_tokens or s.max_new_tokens < 1:
+        raise ConfigError("algorithm.sampling_params: need 0 <= min_new_tokens <= max_new_tokens, max >= 1")
+
+
+def check_sequence_lengths(cfg: Config) -> None:
+    total = cfg.data.max_prompt_length + cfg.algorithm.sampling_params.max_new_tokens
+    if total > cfg.actor.seq_length:
+        raise ConfigError(
+            f"actor.seq_length: {cfg.actor.seq_length} < data.max_prompt_length ({cfg.data.max_prompt_length}) "
+            f"+ algorithm.sampling_params.max_new_tokens ({cfg.algorithm.sampling_params.max_new_tokens})"
+        )
+
+
+def check_batch_sizes(cfg: Config) -> None:
+    responses = cfg.data.rollout_batch_size * cfg.algorithm.group_size
+    gbs, mbs, dp = cfg.actor.global_batch_size, cfg.actor.micro_batch_size, actor_data_parallel_size(cfg)
+    if min(gbs, mbs, cfg.data.rollout_batch_size) < 1:
+        raise ConfigError("actor.global_batch_size, actor.micro_batch_size and data.rollout_batch_size must be >= 1")
+    if responses % gbs:
+        raise ConfigError(
+            f"actor.global_batch_size: {gbs} does not divide the {responses} responses per step "
+            f"(data.rollout_batch_size {cfg.data.rollout_batch_size} x algorithm.group_size {cfg.algorithm.group_size})"
+        )
+    if gbs % (mbs * dp):
+        raise ConfigError(
+            f"actor.global_batch_size: {gbs} is not divisible by actor.micro_batch_size ({mbs}) "
+            f"x data-parallel size ({dp})"
+        )
+
+
+def check_placement(cfg: Config) -> None:
+    placement = placement_of(cfg)  # raises on bad ranges / unknown roles
+    actor_gpus, rollout_gpus = len(placement.gpus["actor"]), len(placement.gpus["rollout"])
+    if cfg.actor.training_backend == "torch" and actor_gpus > 1:
+        raise ConfigError(
+            f"cluster.component_placement: the torch actor runs on one device but {actor_gpus} GPUs are placed; "
+            "use actor.training_backend=megatron for several GPUs"
+        )
+    if cfg.rollout.rollout_backend == "torch" and rollout_gpus > 1:
+        raise ConfigError(
+            f"cluster.component_placement: the torch rollout runs on one device but {rollout_gpus} GPUs are placed; "
+            "use rollout.rollout_backend=sglang for several GPUs"
+        )
+    if cfg.actor.training_backend == "megatron":
+        m = cfg.actor.model
+        model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        if actor_gpus == 0 or actor_gpus % model_parallel:
+            raise ConfigError(
+                f"actor.model: TP x PP x CP = {model_parallel} does not divide the {actor_gpus} GPU(s) placed "
+                "for the actor (cluster.component_placement, cluster.num_gpus_per_node)"
+            )
+        expert_parallel = m.expert_model_parallel_size * m.expert_tensor_parallel_size
+        if (actor_gpus // m.pipeline_model_parallel_size) % expert_parallel:
+            raise ConfigError(
+                f"actor.model: EP x ETP = {expert_parallel} does not divide the "
+                f"{actor_gpus // m.pipeline_model_parallel_size} GPU(s) of a pipeline stage"
+            )
+        if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
+            raise ConfigError("actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1")
+    if cfg.rollout.rollout_backend == "sglang":
+        tp = cfg.rollout.tensor_parallel_size
+        if rollout_gpus == 0 or rollout_gpus % tp:
+            raise ConfigError(
+                f"rollout.tensor_parallel_size: {tp} does not divide the {rollout_gpus} GPU(s) placed for the rollout"
+            )
+
+
+def check_data(cfg: Config) -> None:
+    d = cfg.data
+    if d.type == "math" and not d.train_data_paths:
+        raise ConfigError("data.train_data_paths: empty; data.type=math reads prompts from files")
+    if cfg.runner.val_check_interval > 0 and d.type == "math" and not d.val_data_paths:
+        raise ConfigError("data.val_data_paths: empty but runner.val_check_interval > 0")
+    if not cfg.actor.model.model_path:
+        raise ConfigError("actor.model.model_path: empty; give an HF checkpoint dir or tiny://bootstrap")
+
+
+def check_runner(cfg: Config) -> None:
+    r = cfg.runner
+    if r.max_steps == 0 or r.max_steps < -1 or r.max_epochs < 1:
+        raise ConfigError("runner.max_steps must be -1 or >= 1 and runner.max_epochs >= 1")
+    if min(r.val_check_interval, r.save_interval) < 0 or r.keep_checkpoints < 1:
+        raise ConfigError("runner.val_check_interval/save_interval must be >= 0, runner.keep_checkpoints >= 1")
+
+
+RULES: tuple[Callable[[Config], None], ...] = (
+    check_names,
+    check_algorithm_ranges,
+    check_sequence_lengths,
+    check_placement,
+    check_batch_sizes,
+    check_data,
+    check_runner,
+)
+
+
+def validate(cfg: Config) -> Config:
+    for rule in RULES:
+        rule(cfg)
+    return cfg

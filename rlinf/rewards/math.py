@@ -1,0 +1,211 @@
+"""Rule-based grader for math answers: is the last boxed answer of a response right?
+
+Grading is layered from cheap to expensive, and errs on the side of "wrong":
+  1. take the last \\boxed{...} / \\fbox{...} of the response (no box: wrong);
+  2. normalise both answers (rlinf.rewards.normalize) and accept equal strings;
+  3. decide multiple-choice letters, words and plain numbers without sympy;
+  4. otherwise compare with math-verify, after guards against inputs that would make
+     sympy run for ages (long answers, exponent towers, huge factorials).
+
+math-verify's own timeouts use SIGALRM, which only works on the main thread of the main
+interpreter, so they are disabled here; time is bounded by the guards above, and hard
+per-item limits are enforced by process isolation in rlinf.rewards.math_reward.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+from math_verify import LatexExtractionConfig, parse, verify
+
+from rlinf.rewards.normalize import as_fraction, choice_letter, normalize_answer
+
+# Only the end of a response is searched for the final box, so a 200k-character
+# response costs no more than a short one.
+MAX_RESPONSE_TAIL_CHARS = 4096
+# Boxed answers longer than this are graded wrong; MATH answers are far shorter.
+MAX_ANSWER_CHARS = 1000
+# Answers longer than this only get the string comparison, never sympy.
+MAX_SYMBOLIC_CHARS = 300
+# Decimals are compared with exact values to 10 decimal places: a decimal must *be* the
+# value ("0.5" = "\frac12"), not approximate it ("0.333333" != "\frac13", "3.1416" != "\pi").
+FLOAT_DECIMALS = 10
+# Answers beyond these limits only get the string comparison: sympy could take minutes
+# (9^{9^9} would never end). Real answers with larger exponents ("2^{2023}") match as strings.
+MAX_EXPONENT = 100
+MAX_FACTORIAL_ARG = 1000
+MAX_NESTING = 8
+
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_FACTORIAL_ARG = re.compile(r"(\d+)\s*!")
+_WORD_ANSWER = re.compile(r"[a-z]{3,}")
+_LATEX_ONLY = [LatexExtractionConfig()]
+
+
+class _DropDisabledTimeoutWarning(logging.Filter):
+    """math-verify warns once that its timeout is off; that is deliberate here (see module doc)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
+
+
+def _closing_brace(text: str, open_idx: int) -> int:
+    depth = 0
+    for i in range(open_idx, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} or \\fbox{...} (or "\\boxed 5") in text, else None.
+
+    An unclosed last box ("... \\boxed{5") gives None: the final answer is incomplete.
+    """
+    text = text[-MAX_RESPONSE_TAIL_CHARS:]
+    last = None
+    for last in _BOX_COMMAND.finditer(text):
+        pass
+    if last is None:
+        return None
+    rest = text[last.end() :]
+    stripped = rest.lstrip()
+    if stripped.startswith("{"):
+        start = len(rest) - len(stripped)
+        end = _closing_brace(rest, start)
+        return rest[start + 1 : end] if end >= 0 else None
+    if stripped is rest:  # "\boxedx" is not a box
+        return None
+    token = re.match(r"[^\s$]*", stripped).group(0)
+    return re.split(r"\\[\])]", token)[0] or None
+
+
+def _nesting_depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        if ch in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "})]":
+            depth -= 1
+    return deepest
+
+
+def _exponents(s: str):
+    """Yield (argument, text after it) for every ^ in s; the argument is a group or one token."""
+    for m in re.finditer(r"\^\s*", s):
+        start = m.end()
+        if start < len(s) and s[start] == "{":
+            end = _closing_brace(s, start)
+            end = len(s) - 1 if end < 0 else end
+            yield s[start + 1 : end], s[end + 1 :]
+        else:
+            token = re.match(r"\\[a-zA-Z]+|.?", s[start:]).group(0)
+            yield token, s[start + len(token) :]
+
+
+def _too_expensive(s: str) -> bool:
+    """True for answers whose evaluation could take sympy unbounded time or memory."""
+    if _nesting_depth(s) > MAX_NESTING:
+        return True  # the LaTeX parser slows down steeply with nesting
+    for exponent, after in _exponents(s):
+        if "^" in exponent or after.lstrip().startswith("^"):
+            return True  # a tower: 9^{9^{9}} has ~370 million digits
+        if any(int(digits) > MAX_EXPONENT for digits in re.findall(r"\d+", exponent)):
+            return True  # (x+1)^{999} is cheap to write and slow to simplify
+    return any(int(arg) > MAX_FACTORIAL_ARG for arg in _FACTORIAL_ARG.findall(s))
+
+
+@lru_cache(maxsize=8192)
+def _parse(normalized: str) -> tuple:
+    """math-verify parse of a normalised answer, cached: a GRPO batch repeats each solution."""
+    parsed = parse(
+        "\\boxed{" + normalized + "}",
+        extraction_config=_LATEX_ONLY,
+        fallback_mode="no_fallback",
+        parsing_timeout=None,  # SIGALRM-based: breaks off the main thread
+    )
+    return tuple(parsed)
+
+
+@lru_cache(maxsize=8192)
+def _reference_answer(solution: str) -> str | None:
+    """Normalised reference answer: the last box of a worked solution, or the bare answer."""
+    answer = extract_last_boxed(solution) if _BOX_COMMAND.search(solution) else solution
+    if answer is None:
+        return None
+    return normalize_answer(answer) or None
+
+
+def _symbolic_equal(pred: str, gold: str) -> bool:
+    if max(len(pred), len(gold)) > MAX_SYMBOLIC_CHARS or _too_expensive(pred) or _too_expensive(gold):
+        return False
+    gold_parsed, pred_parsed = _parse(gold), _parse(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return verify(
+        list(gold_parsed),
+        list(pred_parsed),
+        float_rounding=FLOAT_DECIMALS,
+        timeout_seconds=None,  # SIGALRM-based: breaks off the main thread
+    )
+
+
+def _bracket_kind(s: str) -> str | None:
+    if s.startswith("\\{") and s.endswith("\\}"):
+        return "set"
+    if s[:1] in "([" and s[-1:] in ")]":
+        return "sequence"  # a tuple or an interval
+    return None
+
+
+def answers_match(pred: str, gold: str) -> bool:
+    """Whether two normalised answers are equivalent (gold is the reference)."""
+    if pred == gold:
+        return True
+    gold_letter = choice_letter(gold)
+    if gold_letter is not None:
+        return choice_letter(pred) == gold_letter
+    if _WORD_ANSWER.fullmatch(gold):
+        return False  # "monday", "odd": only an equal string is right
+    if {_bracket_kind(pred), _bracket_kind(gold)} == {"set", "sequence"}:
+        return False  # math-verify equates \{1,2\} with (1,2); a set is not an ordered pair
+    gold_value, pred_value = as_fraction(gold), as_fraction(pred)
+    if gold_value is not None and pred_value is not None:
+        return gold_value == pred_value
+    return _symbolic_equal(pred, gold)
+
+
+def grade(response: str, solutions: Sequence[str]) -> bool:
+    """True iff the last boxed answer in response is equivalent to any of the solutions.
+
+    A solution is a bare answer ("18", "\\frac{14}{3}") or a text whose last box holds the
+    answer. Never raises: anything unexpected is graded wrong. Safe from any thread or process.
+    """
+    if isinstance(solutions, str):
+        solutions = [solutions]
+    try:
+        answer = extract_last_boxed(response)
+        if answer is None or len(answer) > MAX_ANSWER_CHARS:
+            return False
+        pred = normalize_answer(answer)
+        if not pred:
+            return False
+        for solution in solutions:
+            gold = _reference_answer(solution)
+            if gold is not None and answers_match(pred, gold):
+                return True
+        return False
+    except Exception:  # malformed LaTeX can raise from deep inside sympy; that answer is wrong
+        return False

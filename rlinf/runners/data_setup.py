@@ -1,0 +1,59 @@
+"""Train and validation prompt datasets from a recipe's data section."""
+
+from __future__ import annotations
+
+import logging
+
+from rlinf.config.schema import Config
+from rlinf.data.datasets import PromptDataset, build_prompt_dataset
+from rlinf.data.records import MathRecord, load_math_records
+
+logger = logging.getLogger(__name__)
+
+
+def _records(cfg: Config, split: str) -> tuple[list[MathRecord], int]:
+    d = cfg.data
+    if d.type == "synthetic":
+        from rlinf.data.synthetic import generate_arithmetic
+
+        s = d.synthetic
+        problems = generate_arithmetic(
+            "train" if split == "train" else "val",
+            s.num_train if split == "train" else s.num_val,
+            digits=s.digits,
+            operations=s.operations,
+            steps=s.steps,
+            seed=cfg.runner.seed,
+        )
+        return [p.record for p in problems], 0
+    paths = d.train_data_paths if split == "train" else d.val_data_paths
+    if not paths:
+        return [], 0
+    loaded = load_math_records(paths, prompt_key=d.prompt_key, answer_key=d.answer_key, skip_invalid=d.skip_invalid)
+    return loaded.records, loaded.num_skipped
+
+
+def build_datasets(cfg: Config, tokenizer) -> tuple[PromptDataset, PromptDataset | None, dict[str, float]]:
+    """(train, val or None, data/* counters)."""
+    counters: dict[str, float] = {}
+    datasets = []
+    for split in ("train", "val"):
+        records, skipped = _records(cfg, split)
+        counters[f"data/{split}_skipped_records"] = float(skipped)
+        if not records:
+            datasets.append(None)
+            continue
+        dataset = build_prompt_dataset(
+            records,
+            tokenizer,
+            apply_chat_template=cfg.data.apply_chat_template,
+            max_prompt_length=cfg.data.max_prompt_length,
+        )
+        counters[f"data/{split}_filtered_prompts"] = float(dataset.num_filtered)
+        counters[f"data/{split}_prompts"] = float(len(dataset))
+        datasets.append(dataset)
+    train, val = datasets
+    if train is None:
+        raise ValueError("the training set is empty")
+    logger.info("data: %d training prompts, %d validation prompts", len(train), len(val) if val else 0)
+    return train, val, counters

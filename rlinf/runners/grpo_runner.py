@@ -1,0 +1,113 @@
+"""The GRPO loop: rollout -> reward -> advantages -> logprob recompute -> train -> weight sync."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
+from rlinf.config.schema import Config
+from rlinf.data.loader import PromptLoader
+from rlinf.runners.checkpointing import RunCheckpointer
+from rlinf.runners.step_metrics import pass_at_k, rollout_metrics
+from rlinf.scheduler.roles import Roles
+from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
+from rlinf.utils.signals import StopRequest
+from rlinf.weight_sync import sync_weights
+from rlinf.workers.rollout.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class GRPORunner:
+    def __init__(self, cfg: Config, roles: Roles, train_set, val_set, metrics: MetricLogger) -> None:
+        self.cfg = cfg
+        self.roles = roles
+        self.val_set = val_set
+        self.metrics = metrics
+        self.loader = PromptLoader(train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed)
+        self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
+        self.timer = PhaseTimer()
+        self.stop = StopRequest()
+        self.step = 0
+        self.sampling = SamplingParams.from_config(cfg.algorithm.sampling_params)
+        self.greedy = replace(self.sampling, greedy=True)
+
+    @property
+    def total_steps(self) -> int:
+        by_epochs = self.loader.steps_per_epoch * self.cfg.runner.max_epochs
+        return min(by_epochs, self.cfg.runner.max_steps) if self.cfg.runner.max_steps > 0 else by_epochs
+
+    def run(self) -> Path | None:
+        """Train to the end (or a stop signal); returns the last checkpoint's path."""
+        r = self.cfg.runner
+        self.step = self.checkpointer.maybe_resume()
+        if self.step == 0 and r.val_check_interval > 0:
+            self.metrics.log(self.validate(), step=0)
+        started = time.perf_counter()
+        with self.stop.installed():
+            while self.step < self.total_steps and not self.stop.requested:
+                self.step += 1
+                metrics = self.train_step()
+                if r.val_check_interval > 0 and (self.step % r.val_check_interval == 0 or self.step == self.total_steps):
+                    metrics.update(self.validate())
+                self.metrics.log(metrics, step=self.step)
+                print(progress_line(self.step, self.total_steps, metrics, time.perf_counter() - started), flush=True)
+                if r.save_interval > 0 and self.step % r.save_interval == 0:
+                    self.checkpointer.save(self.step)
+        last = self.checkpointer.save(self.step)
+        if self.stop.requested:
+            print(f"stopped by {self.stop.signal_name} after step {self.step}; checkpoint saved to {last}", flush=True)
+        return last
+
+    def train_step(self) -> dict[str, float]:
+        a, roles = self.cfg.algorithm, self.roles
+        step_start = time.perf_counter()
+        prompts = self.loader.next_batch()
+        with self.timer.phase("rollout"):
+            batch = roles.rollout.call_rank0("generate", prompts, a.group_size, self.sampling, self._seed("rollout"))
+        with self.timer.phase("reward"):
+            batch = roles.reward.call_rank0("score", batch)
+        advantages = compute_advantages(
+            a.adv_type, batch.rewards, batch.group_index, normalize=a.normalize_advantages
+        )
+        batch = replace(batch, advantages=advantages.advantages)
+        with self.timer.phase("logprobs"):
+            batch = roles.actor.call_rank0("compute_logprobs", batch)
+        with self.timer.phase("train"):
+            actor_metrics = roles.actor.call_rank0("train", batch, self.step)
+        with self.timer.phase("weight_sync"):
+            sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb)
+        metrics = {**rollout_metrics(batch), **advantages.metrics, **actor_metrics}
+        metrics.update(logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask))
+        metrics.update(self.timer.pop())
+        metrics["time/step"] = time.perf_counter() - step_start
+        metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy pass@1 on the validation split; with val_n > 1 also sampled mean@k and pass@k."""
+        if self.val_set is None:
+            return {}
+        started = time.perf_counter()
+        items = list(self.val_set)
+        greedy = self._score(items, 1, self.greedy)
+        metrics = {"val/accuracy": float(greedy.correct.float().mean())}
+        n = self.cfg.algorithm.val_n
+        if n > 1:
+            sampled = self._score(items, n, self.sampling)
+            mean_k, pass_k = pass_at_k(sampled.correct, sampled.group_index)
+            metrics.update({f"val/mean@{n}": mean_k, f"val/pass@{n}": pass_k})
+        metrics["time/validation"] = time.perf_counter() - started
+        return metrics
+
+    def _score(self, items: list, n: int, params: SamplingParams):
+        batch = self.roles.rollout.call_rank0("generate", items, n, params, self._seed("validation"))
+        return self.roles.reward.call_rank0("score", batch)
+
+    def _seed(self, purpose: str) -> int:
+        # Depends only on (seed, step, purpose): a resumed run samples exactly what the original would.
+        offset = {"rollout": 0, "validation": 1}[purpose]
+        return (self.cfg.runner.seed * 1_000_003 + self.step * 2 + offset) % (2**63)

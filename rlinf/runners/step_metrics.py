@@ -1,0 +1,30 @@
+"""Per-step rollout metrics and validation scores (pure functions of a RolloutBatch)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf.data.batch import RolloutBatch
+
+
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    assert batch.rewards is not None and batch.correct is not None
+    lengths = batch.response_mask.sum(1).float()
+    truncated = sum(reason == "length" for reason in batch.finish_reasons)
+    return {
+        "rollout/reward_mean": float(batch.rewards.mean()),
+        "rollout/accuracy": float(batch.correct.float().mean()),
+        "rollout/response_length_mean": float(lengths.mean()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/truncated_fraction": truncated / len(batch),
+        "rollout/num_responses": float(len(batch)),
+        "rollout/num_response_tokens": float(lengths.sum()),
+        **batch.extras,
+    }
+
+
+def pass_at_k(correct: torch.Tensor, group_index: torch.Tensor) -> tuple[float, float]:
+    """(mean@k, pass@k) over the groups of `group_index`: mean accuracy, and any-correct rate."""
+    groups = torch.unique(group_index)
+    any_correct = torch.stack([correct[group_index == g].any() for g in groups]).float()
+    return float(correct.float().mean()), float(any_correct.mean())

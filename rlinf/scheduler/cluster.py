@@ -1,0 +1,58 @@
+"""Connect to a running Ray cluster, or start a local one sized to this machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+HEAD_IP_FILE = Path(__file__).resolve().parents[2] / "ray_utils" / "ray_head_ip.txt"
+DEFAULT_RAY_PORT = 6379
+
+
+def cluster_address() -> str | None:
+    """RAY_ADDRESS if set, else the head address ray_utils/start_ray.sh wrote, else None (start local)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    if HEAD_IP_FILE.is_file():
+        ip = HEAD_IP_FILE.read_text().strip()
+        if ip:
+            return f"{ip}:{os.environ.get('RAY_PORT', DEFAULT_RAY_PORT)}"
+    return None
+
+
+def init_ray(num_gpus: int) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Workers import rlinf from this checkout whether or not it is pip-installed.
+    runtime_env = {"env_vars": {"PYTHONPATH": _pythonpath(), "TOKENIZERS_PARALLELISM": "false"}}
+    address = cluster_address()
+    if address:
+        logger.info("connecting to Ray cluster at %s", address)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return
+    logger.info("starting a local Ray cluster (%d CPUs, %d GPUs)", os.cpu_count() or 1, num_gpus)
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+    )
+
+
+def _pythonpath() -> str:
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH", "")
+    return f"{root}:{existing}" if existing else root
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

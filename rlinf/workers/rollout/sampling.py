@@ -1,0 +1,267 @@
+"""Batched autoregressive sampling with a KV cache: the decoding loop of the torch rollout backend.
+
+We drive the model step by step instead of calling `generate` because RL needs exact token logprobs
+and our own sampling rules.
+
+Logprob convention: the reported logprob of a token is its log-probability under the
+temperature-scaled FULL distribution, log_softmax(logits / temperature) in fp32, taken before top-k /
+top-p truncation and before min_new_tokens masks EOS (greedy decoding reports temperature 1). That is
+exactly what `rlinf.models.logprobs.response_logprobs` recomputes for the same tokens, so rollout and
+actor logprobs differ only by kernel numerics, and truncated sampling shows up as an importance ratio
+the loss can correct rather than as a silent mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from rlinf.config.schema import SamplingConfig
+from rlinf.models.logprobs import positions_from_mask, scale_logits
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # 1.0 = off
+    top_k: int = -1  # -1 = off
+    max_new_tokens: int = 512
+    min_new_tokens: int = 0  # EOS is masked until this many tokens are generated
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
+            )
+
+    @classmethod
+    def from_config(cls, config: SamplingConfig, greedy: bool = False) -> SamplingParams:
+        return cls(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_new_tokens=config.max_new_tokens,
+            min_new_tokens=config.min_new_tokens,
+            greedy=greedy,
+        )
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature reported logprobs are computed at; pass it to `response_logprobs`."""
+        return 1.0 if self.is_greedy else self.temperature
+
+
+@dataclass
+class GenerationOutput:
+    prompt_ids: torch.Tensor  # [B, P] long, left-padded with pad_token_id
+    prompt_mask: torch.Tensor  # [B, P] bool, True on real prompt tokens
+    response_ids: torch.Tensor  # [B, R] long, right-padded with pad_token_id
+    response_mask: torch.Tensor  # [B, R] bool, True on generated tokens (EOS included)
+    logprobs: torch.Tensor  # [B, R] fp32, 0 on padding
+    finish_reasons: list[str]  # "stop" (an EOS was produced) or "length"
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Logits with the tokens outside the top-k and outside the nucleus set to -inf.
+
+    The nucleus is the smallest set of most likely tokens whose mass reaches top_p (after top-k);
+    the most likely token is always kept. Tokens tied with the k-th logit are kept too.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth_largest = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits
+
+
+def choose_next_tokens(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    blocked_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step for a batch of rows: (tokens [N], reported logprobs [N]) from logits [N, V].
+
+    `blocked_ids` (EOS before min_new_tokens) can never be chosen but keep their reported mass.
+    """
+    scaled = scale_logits(logits, params.logprob_temperature)
+    all_logprobs = scaled.log_softmax(-1)
+    candidates = scaled if blocked_ids is None else scaled.index_fill(-1, blocked_ids, -math.inf)
+    if params.is_greedy:
+        tokens = candidates.argmax(-1)
+    else:
+        probs = filter_logits(candidates, params.top_k, params.top_p).softmax(-1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, all_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def sample(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    max_batch_size: int = 256,
+) -> GenerationOutput:
+    """Sample one response per prompt, `max_batch_size` prompts decoded together.
+
+    Results are on the model's device, padded to the longest prompt and response over all chunks.
+    `generator` (on the model's device) makes sampling deterministic by its seed.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("sample() needs at least one prompt and every prompt needs at least one token")
+    if not eos_token_ids:
+        raise ValueError("eos_token_ids must not be empty")
+    device = next(model.parameters()).device
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device} but the model is on {device}")
+    eos_ids = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
+
+    # Restore the mode afterwards: the embedded backend may share this module with a training actor.
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            chunks = [
+                _sample_chunk(model, prompts[start : start + max_batch_size], params, eos_ids, pad_token_id, generator)
+                for start in range(0, len(prompts), max_batch_size)
+            ]
+    finally:
+        model.train(was_training)
+    # Outside inference mode on purpose: the results must be usable as inputs to autograd (training).
+    return _concatenate(chunks, pad_token_id)
+
+
+def _sample_chunk(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    eos_ids: torch.Tensor,
+    pad_token_id: int,
+    generator: torch.Generator | None,
+) -> GenerationOutput:
+    device = eos_ids.device
+    prompt_len = max(len(p) for p in prompts)
+    prompt_ids = torch.tensor(
+        [[pad_token_id] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long
+    ).to(device)
+    prompt_mask = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts]).to(device)
+
+    batch, max_new = len(prompts), params.max_new_tokens
+    response_ids = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
+    response_mask = torch.zeros((batch, max_new), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    cache = DynamicCache(config=model.config)
+    attention_mask = prompt_mask
+    logits = model(
+        input_ids=prompt_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(prompt_mask),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    # The new token's position is the number of real tokens before it, whatever the left padding.
+    next_position = prompt_mask.sum(-1, keepdim=True)
+    # Finished rows leave the batch (and the cache), so later steps only compute live rows.
+    rows = torch.arange(batch, device=device)
+    num_live = batch
+    for step in range(max_new):
+        blocked = eos_ids if step < params.min_new_tokens else None
+        tokens, token_logprobs = choose_next_tokens(logits, params, generator=generator, blocked_ids=blocked)
+        response_ids[rows, step] = tokens
+        logprobs[rows, step] = token_logprobs
+        response_mask[rows, step] = True
+        hit_eos = torch.isin(tokens, eos_ids)
+        stopped[rows] = hit_eos
+        live = ~hit_eos
+        now_live = int(live.sum())
+        if now_live == 0 or step + 1 == max_new:
+            break
+        if now_live < num_live:
+            keep = live.nonzero().squeeze(-1)
+            rows, tokens, next_position, attention_mask = (
+                rows[keep],
+                tokens[keep],
+                next_position[keep],
+                attention_mask[keep],
+            )
+            cache.batch_select_indices(keep)
+            num_live = now_live
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_live, 1)], dim=1)
+        logits = model(
+            input_ids=tokens.unsqueeze(-1),
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        next_position = next_position + 1
+
+    num_steps = step + 1
+    return GenerationOutput(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids[:, :num_steps],
+        response_mask=response_mask[:, :num_steps],
+        logprobs=logprobs[:, :num_steps],
+        finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
+    )
+
+
+def _concatenate(chunks: list[GenerationOutput], pad_token_id: int) -> GenerationOutput:
+    """Stack chunks into fresh tensors: prompts left-padded, responses right-padded to common widths."""
+    batch = sum(c.prompt_ids.shape[0] for c in chunks)
+    prompt_len = max(c.prompt_ids.shape[1] for c in chunks)
+    response_len = max(c.response_ids.shape[1] for c in chunks)
+    first = chunks[0]
+    prompt_ids = first.prompt_ids.new_full((batch, prompt_len), pad_token_id)
+    prompt_mask = first.prompt_mask.new_zeros((batch, prompt_len))
+    response_ids = first.response_ids.new_full((batch, response_len), pad_token_id)
+    response_mask = first.response_mask.new_zeros((batch, response_len))
+    logprobs = first.logprobs.new_zeros((batch, response_len))
+    row = 0
+    for c in chunks:
+        n, p, r = c.prompt_ids.shape[0], c.prompt_ids.shape[1], c.response_ids.shape[1]
+        prompt_ids[row : row + n, prompt_len - p :] = c.prompt_ids
+        prompt_mask[row : row + n, prompt_len - p :] = c.prompt_mask
+        response_ids[row : row + n, :r] = c.response_ids
+        response_mask[row : row + n, :r] = c.response_mask
+        logprobs[row : row + n, :r] = c.logprobs
+        row += n
+    return GenerationOutput(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        logprobs=logprobs,
+        finish_reasons=[reason for c in chunks for reason in c.finish_reasons],
+    )

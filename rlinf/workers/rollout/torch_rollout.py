@@ -1,0 +1,83 @@
+"""Embedded rollout: the HF DeepSeek-V3 model sampling with a KV cache on CPU or one GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlinf.config.schema import Config
+from rlinf.data.batch import RolloutBatch
+from rlinf.data.datasets import PromptItem
+from rlinf.workers.common import (
+    configure_threads,
+    eos_token_ids,
+    load_policy,
+    pad_token_id,
+    worker_device,
+)
+from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
+from rlinf.workers.rollout.sampling import SamplingParams, sample
+
+
+class TorchRollout(RolloutWorker):
+    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
+        configure_threads(cfg.actor.num_threads)
+        self.cfg = cfg
+        self.device = worker_device()
+        self.model, self.tokenizer = load_policy(
+            cfg.rollout.model.model_path,
+            cfg.rollout.model.precision,
+            cfg.actor.model.trust_remote_code,
+            self.device,
+        )
+        self.model.eval()
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
+
+    def generate(self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int) -> RolloutBatch:
+        repeated = [item for item in prompts for _ in range(n)]
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        out = sample(
+            self.model,
+            [list(item.prompt_ids) for item in repeated],
+            params,
+            eos_token_ids=self.eos_ids,
+            pad_token_id=self.pad_id,
+            generator=generator,
+            max_batch_size=self.cfg.rollout.max_batch_size,
+        )
+        texts = [
+            self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+            for ids, mask in zip(out.response_ids, out.response_mask, strict=True)
+        ]
+        return RolloutBatch(
+            prompt_ids=out.prompt_ids.cpu(),
+            prompt_mask=out.prompt_mask.cpu(),
+            response_ids=out.response_ids.cpu(),
+            response_mask=out.response_mask.cpu(),
+            group_index=torch.arange(len(prompts)).repeat_interleave(n),
+            rollout_logprobs=out.logprobs.float().cpu(),
+            finish_reasons=list(out.finish_reasons),
+            response_text=texts,
+            solutions=[item.solutions for item in repeated],
+        )
+
+    def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
+        from rlinf.models.weights import load_weight_bucket
+
+        for bucket in buckets:
+            load_weight_bucket(self.model, bucket)
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The engine's current weights on CPU (tests check them against the actor's)."""
+        return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        if self.device.type == "cuda":
+            self.model.to(self.device)

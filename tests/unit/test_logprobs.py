@@ -1,0 +1,136 @@
+import math
+from types import SimpleNamespace
+
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+from rlinf.models.logprobs import positions_from_mask, response_logprobs
+
+torch.set_num_threads(2)
+PAD = 0
+
+
+def tiny_deepseek_v3(seed: int = 0) -> DeepseekV3ForCausalLM:
+    torch.manual_seed(seed)
+    config = DeepseekV3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        initializer_range=0.2,  # peaked distributions, so wrong positions show up in the logprobs
+    )
+    return DeepseekV3ForCausalLM(config).float().eval()
+
+
+class BigramLM(torch.nn.Module):
+    """Logits depend only on the current token: hand-checkable, and any off-by-one shows."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(table)
+
+    def forward(self, input_ids, logits_to_keep=0, **_):
+        return SimpleNamespace(logits=self.table[input_ids][:, -logits_to_keep:])
+
+
+def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    return ids, mask
+
+
+def test_positions_ignore_left_padding():
+    mask = torch.tensor([[False, False, True, True, True, False], [True, True, True, True, True, True]])
+    assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2, 2], [0, 1, 2, 3, 4, 5]]
+
+
+def test_bigram_logprobs_and_entropy_match_hand_computation():
+    table = torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, -1.0], [0.5, 1.5, 0.0]])
+    model = BigramLM(table)
+    prompt_ids, prompt_mask = left_pad([[1], [2, 1]])
+    response_ids, response_mask = right_pad([[2, 1], [0]])
+    temperature = 0.5
+
+    logprobs, entropy = response_logprobs(
+        model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature, with_entropy=True
+    )
+
+    def hand(prev: int, token: int) -> tuple[float, float]:
+        z = [x / temperature for x in table[prev].tolist()]
+        log_norm = math.log(sum(math.exp(v) for v in z))
+        logp = [v - log_norm for v in z]
+        return logp[token], -sum(math.exp(lp) * lp for lp in logp)
+
+    # row 0: prompt [1] -> 2 (predicted from 1), then 1 (predicted from 2); row 1: prompt [2, 1] -> 0.
+    expected = [[hand(1, 2), hand(2, 1)], [hand(1, 0), (0.0, 0.0)]]
+    expected_logprobs = torch.tensor([[lp for lp, _ in row] for row in expected])
+    expected_entropy = torch.tensor([[h for _, h in row] for row in expected])
+    torch.testing.assert_close(logprobs, expected_logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-6, rtol=0)
+
+
+def test_matches_naive_full_forward_on_unpadded_rows():
+    model = tiny_deepseek_v3()
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    responses = [[20, 21, 22], [23, 24, 25, 26, 27], [28]]
+    prompt_ids, prompt_mask = left_pad(prompts)
+    response_ids, response_mask = right_pad(responses)
+
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.7)
+        for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            full = torch.tensor([prompt + response])
+            all_logprobs = (model(input_ids=full).logits[0].float() / 0.7).log_softmax(-1)
+            naive = all_logprobs[len(prompt) - 1 : -1].gather(-1, full[0, len(prompt) :, None]).squeeze(-1)
+            n = len(response)
+            torch.testing.assert_close(logprobs[row, :n], naive, atol=1e-5, rtol=0)
+            assert (logprobs[row, n:] == 0).all()
+
+
+def test_non_positive_temperature_reports_temperature_one():
+    model = tiny_deepseek_v3()
+    prompt_ids, prompt_mask = left_pad([[3, 4], [5]])
+    response_ids, response_mask = right_pad([[6, 7], [8, 9]])
+    with torch.no_grad():
+        at_one, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0)
+        at_zero, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.0)
+        at_half, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.5)
+    assert torch.equal(at_one, at_zero)
+    assert not torch.allclose(at_one, at_half)
+
+
+def test_gradients_flow_to_all_layers():
+    model = tiny_deepseek_v3().train()
+    prompt_ids, prompt_mask = left_pad([[3, 4, 5], [6]])
+    response_ids, response_mask = right_pad([[7, 8], [9, 10, 11]])
+    logprobs, entropy = response_logprobs(
+        model, prompt_ids, prompt_mask, response_ids, response_mask, with_entropy=True
+    )
+    (logprobs.sum() + entropy.sum()).backward()
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.kv_b_proj.weight", "lm_head.weight"):
+        grad = model.get_parameter(name).grad
+        assert grad is not None and grad.abs().sum() > 0, name

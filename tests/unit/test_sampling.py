@@ -1,0 +1,262 @@
+import math
+
+import pytest
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+from rlinf.config.schema import SamplingConfig
+from rlinf.models.logprobs import response_logprobs
+from rlinf.workers.rollout.sampling import (
+    SamplingParams,
+    choose_next_tokens,
+    filter_logits,
+    sample,
+)
+
+torch.set_num_threads(2)
+PAD, EOS = 0, 2
+# Different lengths, so the batch is left-padded.
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20], [30, 31, 32, 33], [40, 41]]
+
+
+def tiny_deepseek_v3(eos_bias: float | None = None, seed: int = 0) -> DeepseekV3ForCausalLM:
+    """Random tiny DeepSeek-V3; `eos_bias` adds an lm_head bias on EOS to steer when rows stop."""
+    torch.manual_seed(seed)
+    config = DeepseekV3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        initializer_range=0.2,  # peaked distributions, so greedy paths and wrong positions are distinct
+    )
+    model = DeepseekV3ForCausalLM(config).float().eval()
+    if eos_bias is not None:
+        biased_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        with torch.no_grad():
+            biased_head.weight.copy_(model.lm_head.weight)
+            biased_head.bias.zero_()
+            biased_head.bias[EOS] = eos_bias
+        model.lm_head = biased_head
+    return model
+
+
+def run(model, params: SamplingParams, prompts=PROMPTS, seed: int = 0, **kwargs):
+    generator = torch.Generator().manual_seed(seed)
+    return sample(model, prompts, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=generator, **kwargs)
+
+
+def recompute(model, out, temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(
+            model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask, temperature=temperature
+        )
+    return logprobs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_equal_recomputed_logprobs(temperature):
+    # EOS is likely enough that rows stop at different steps, so finished rows leave the batch mid-way.
+    model = tiny_deepseek_v3(eos_bias=3.0)
+    prompts = PROMPTS * 3
+    out = run(model, SamplingParams(temperature=temperature, max_new_tokens=12), prompts=prompts)
+
+    assert {"stop", "length"} <= set(out.finish_reasons)
+    assert out.prompt_ids.shape[0] == len(prompts)
+    max_diff = (out.logprobs - recompute(model, out, temperature)).abs().max().item()
+    print(f"temperature {temperature}: max |rollout - recomputed| logprob = {max_diff:.2e}")
+    assert max_diff < 1e-4
+    assert (out.logprobs[~out.response_mask] == 0).all()
+
+
+def greedy_reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """No cache, no padding: a full forward over the whole sequence at every step."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            next_token = int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax())
+            tokens.append(next_token)
+            if next_token == EOS:
+                break
+    return tokens[len(prompt) :]
+
+
+def responses(out) -> list[list[int]]:
+    return [ids[mask].tolist() for ids, mask in zip(out.response_ids, out.response_mask, strict=True)]
+
+
+def test_greedy_equals_reference_decoder_without_cache():
+    model = tiny_deepseek_v3(eos_bias=2.0)
+    out = run(model, SamplingParams(greedy=True, max_new_tokens=16))
+    expected = [greedy_reference(model, p, 16) for p in PROMPTS]
+    assert responses(out) == expected
+    assert out.finish_reasons == ["stop" if r[-1] == EOS else "length" for r in expected]
+    torch.testing.assert_close(out.logprobs, recompute(model, out, temperature=1.0), atol=1e-4, rtol=0)
+
+
+def test_greedy_output_does_not_depend_on_batch_padding():
+    model = tiny_deepseek_v3()
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    alone = run(model, params, prompts=[PROMPTS[2]])
+    batched = run(model, params, prompts=[PROMPTS[1], PROMPTS[2], [50] * 12])
+    assert responses(alone)[0] == responses(batched)[1]
+    torch.testing.assert_close(alone.logprobs[0], batched.logprobs[1], atol=1e-5, rtol=0)
+
+
+def test_chunks_are_padded_to_common_widths():
+    model = tiny_deepseek_v3(eos_bias=2.0)
+    params = SamplingParams(greedy=True, max_new_tokens=10)
+    whole = run(model, params)
+    chunked = run(model, params, max_batch_size=2)
+    assert torch.equal(chunked.prompt_ids, whole.prompt_ids)
+    assert torch.equal(chunked.prompt_mask, whole.prompt_mask)
+    assert torch.equal(chunked.response_ids, whole.response_ids)
+    assert torch.equal(chunked.response_mask, whole.response_mask)
+    assert chunked.finish_reasons == whole.finish_reasons
+    torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_samples_different_seed_different_samples():
+    model = tiny_deepseek_v3()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    first, again, other = run(model, params, seed=1), run(model, params, seed=1), run(model, params, seed=2)
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert torch.equal(first.logprobs, again.logprobs)
+    assert not torch.equal(first.response_ids, other.response_ids)
+
+
+def test_top_k_one_equals_greedy():
+    model = tiny_deepseek_v3(eos_bias=2.0)
+    greedy = run(model, SamplingParams(greedy=True, max_new_tokens=12))
+    top_one = run(model, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=12))
+    assert torch.equal(top_one.response_ids, greedy.response_ids)
+    assert torch.equal(top_one.logprobs, greedy.logprobs)
+
+
+def test_eos_stops_a_row_and_is_part_of_the_response():
+    model = tiny_deepseek_v3(eos_bias=50.0)
+    out = run(model, SamplingParams(max_new_tokens=8))
+    assert out.response_ids.tolist() == [[EOS]] * len(PROMPTS)
+    assert out.response_mask.all()
+    assert out.finish_reasons == ["stop"] * len(PROMPTS)
+
+
+def test_min_new_tokens_masks_eos_until_reached():
+    model = tiny_deepseek_v3(eos_bias=50.0)
+    out = run(model, SamplingParams(max_new_tokens=8, min_new_tokens=5))
+    assert out.response_mask.sum(1).tolist() == [6] * len(PROMPTS)
+    assert (out.response_ids[:, :5] != EOS).all()
+    assert (out.response_ids[:, 5] == EOS).all()
+    assert out.finish_reasons == ["stop"] * len(PROMPTS)
+    # The blocked EOS keeps its mass in the reported (full-distribution) logprobs.
+    assert (out.logprobs[:, :5] < -40).all()
+    torch.testing.assert_close(out.logprobs, recompute(model, out, temperature=1.0), atol=1e-4, rtol=0)
+
+
+def test_max_new_tokens_bounds_the_response_and_reports_length():
+    model = tiny_deepseek_v3(eos_bias=-50.0)
+    out = run(model, SamplingParams(max_new_tokens=7))
+    assert out.response_ids.shape == (len(PROMPTS), 7)
+    assert out.response_mask.all()
+    assert out.finish_reasons == ["length"] * len(PROMPTS)
+
+
+def test_outputs_feed_training_and_model_mode_is_restored():
+    model = tiny_deepseek_v3().train()
+    out = run(model, SamplingParams(max_new_tokens=4))
+    assert model.training
+    logprobs, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
+    logprobs.sum().backward()
+    assert model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_from_config_copies_fields():
+    config = SamplingConfig(temperature=0.6, top_p=0.9, top_k=20, max_new_tokens=64, min_new_tokens=2)
+    params = SamplingParams.from_config(config, greedy=True)
+    assert params == SamplingParams(0.6, 0.9, 20, 64, 2, greedy=True)
+    assert params.logprob_temperature == 1.0
+    assert SamplingParams.from_config(config).logprob_temperature == 0.6
+
+
+def test_filter_logits_hand_values():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    kept = lambda filtered: torch.isfinite(filtered[0]).nonzero().squeeze(-1).tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_k=2, top_p=1.0)) == [1, 2]
+    assert kept(filter_logits(logits, top_k=-1, top_p=1.0)) == [0, 1, 2, 3]
+
+    probs = torch.tensor([[0.15, 0.5, 0.05, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    log_probs = probs.log()
+    filtered = filter_logits(log_probs, top_k=-1, top_p=0.7)
+    assert torch.isfinite(filtered).tolist() == [[False, True, False, True], [True, True, True, False]]
+    assert kept(filter_logits(log_probs, top_k=-1, top_p=0.9)) == [0, 1, 3]
+    assert kept(filter_logits(log_probs, top_k=-1, top_p=0.01)) == [1]
+    assert kept(filter_logits(log_probs, top_k=2, top_p=0.95)) == [1, 3]
+    # Kept logits are left untouched (renormalisation is the softmax's job).
+    assert filtered[0, 1] == log_probs[0, 1]
+
+
+def test_top_p_samples_stay_in_the_nucleus_with_renormalised_frequencies():
+    probs = torch.tensor([0.15, 0.5, 0.05, 0.3])
+    logits = probs.log().expand(20000, -1)
+    params = SamplingParams(temperature=1.0, top_p=0.7)
+    tokens, logprobs = choose_next_tokens(logits, params, generator=torch.Generator().manual_seed(0))
+
+    counts = torch.bincount(tokens, minlength=4)
+    assert counts[0] == 0 and counts[2] == 0
+    assert counts[1] / len(tokens) == pytest.approx(0.5 / 0.8, abs=0.02)
+    # Reported logprobs are of the full distribution, not of the renormalised nucleus.
+    torch.testing.assert_close(logprobs, probs.log()[tokens])
+
+
+def test_temperature_sharpens_the_sampling_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = probs.log().expand(20000, -1)
+    tokens, logprobs = choose_next_tokens(
+        logits, SamplingParams(temperature=0.5), generator=torch.Generator().manual_seed(0)
+    )
+    sharpened = probs**2 / (probs**2).sum()
+    frequencies = torch.bincount(tokens, minlength=3) / len(tokens)
+    torch.testing.assert_close(frequencies, sharpened, atol=0.02, rtol=0)
+    torch.testing.assert_close(logprobs, sharpened.log()[tokens])
+
+
+def test_blocked_ids_are_never_chosen():
+    logits = torch.tensor([[0.0, 10.0, 0.0]]).expand(1000, -1)
+    blocked = torch.tensor([1])
+    greedy_tokens, greedy_logprobs = choose_next_tokens(logits, SamplingParams(greedy=True), blocked_ids=blocked)
+    sampled, _ = choose_next_tokens(
+        logits, SamplingParams(), generator=torch.Generator().manual_seed(0), blocked_ids=blocked
+    )
+    assert (greedy_tokens != 1).all() and (sampled != 1).all()
+    assert greedy_logprobs[0] == pytest.approx(-10.0 - math.log1p(2 * math.exp(-10.0)), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(temperature=-0.1),
+        dict(top_p=0.0),
+        dict(top_k=0),
+        dict(max_new_tokens=0),
+        dict(max_new_tokens=4, min_new_tokens=5),
+    ],
+)
+def test_invalid_params_are_rejected(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
