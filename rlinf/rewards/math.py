@@ -37,7 +37,7 @@ FLOAT_DECIMALS = 10
 # (9^{9^9} would never end). Real answers with larger exponents ("2^{2023}") match as strings.
 MAX_EXPONENT = 100
 MAX_FACTORIAL_ARG = 1000
-MAX_NESTING = 8
+MAX_NESTING = 6
 
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _FACTORIAL_ARG = re.compile(r"(\d+)\s*!")

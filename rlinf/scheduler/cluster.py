@@ -8,7 +8,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-HEAD_IP_FILE = Path(__file__).resolve().parents[2] / "ray_utils" / "ray_head_ip.txt"
+DEFAULT_HEAD_IP_FILE = Path(__file__).resolve().parents[2] / "ray_utils" / "ray_head_ip.txt"
 DEFAULT_RAY_PORT = 6379
 
 
@@ -16,8 +16,9 @@ def cluster_address() -> str | None:
     """RAY_ADDRESS if set, else the head address ray_utils/start_ray.sh wrote, else None (start local)."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
-    if HEAD_IP_FILE.is_file():
-        ip = HEAD_IP_FILE.read_text().strip()
+    head_file = Path(os.environ.get("RAY_HEAD_IP_FILE", DEFAULT_HEAD_IP_FILE))
+    if head_file.is_file():
+        ip = head_file.read_text().strip()
         if ip:
             return f"{ip}:{os.environ.get('RAY_PORT', DEFAULT_RAY_PORT)}"
     return None

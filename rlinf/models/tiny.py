@@ -1,0 +1,236 @@
+"""The tiny DeepSeek-V3-shaped model that runs the whole RL loop on a laptop CPU.
+
+It has Moonlight-16B-A3B's structure at a thousandth of the width: MLA without a query LoRA
+(q_lora_rank null) but with a KV LoRA and separate nope/rope/value head dims, a dense first layer,
+then MoE layers with routed experts, top-k sigmoid routing with a correction bias (noaux_tc),
+shared experts, one expert group and a routed scaling factor. A short supervised warm start on the
+synthetic arithmetic task leaves it partly right, so that GRPO has something to improve.
+
+    python -m rlinf.models.tiny --out DIR [--steps N] [--seed S]
+
+`tiny://bootstrap` in a recipe resolves to a cached build (`ensure_tiny_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import DeepseekV3Config, PreTrainedTokenizerFast
+
+# Bump when a change to this package changes what a build with the same settings produces.
+TINY_CODE_VERSION = 1
+TINY_URI = "tiny://bootstrap"
+BUILD_REPORT = "tiny_build.json"
+
+
+@dataclass(frozen=True)
+class TinyModelSettings:
+    # Architecture (Moonlight's structure, scaled down)
+    hidden_size: int = 128
+    num_hidden_layers: int = 4  # layer 0 dense, the rest MoE
+    num_attention_heads: int = 4
+    intermediate_size: int = 256  # the dense layer's MLP width
+    moe_intermediate_size: int = 64  # each routed expert's width; shared experts are n_shared x this
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    n_shared_experts: int = 2
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    routed_scaling_factor: float = 2.446  # Moonlight's
+    max_position_embeddings: int = 512
+    # Synthetic task (the tiny CPU recipe's default data)
+    digits: int = 2
+    operations: tuple[str, ...] = ("+", "-")
+    steps: int = 2
+    # Supervised warm start: deliberately short, so the model starts partly right
+    num_train_problems: int = 4096
+    num_val_problems: int = 128
+    train_steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    seed: int = 0
+
+    def digest(self) -> str:
+        """Names a build: every setting, the tokenizer charset and the code version."""
+        from rlinf.data.synthetic import SYNTHETIC_CHARSET
+
+        payload = {"settings": dataclasses.asdict(self), "charset": SYNTHETIC_CHARSET, "code": TINY_CODE_VERSION}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tiny_model_config(settings: TinyModelSettings, tokenizer: PreTrainedTokenizerFast) -> DeepseekV3Config:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=settings.hidden_size,
+        intermediate_size=settings.intermediate_size,
+        moe_intermediate_size=settings.moe_intermediate_size,
+        num_hidden_layers=settings.num_hidden_layers,
+        num_attention_heads=settings.num_attention_heads,
+        num_key_value_heads=settings.num_attention_heads,
+        n_routed_experts=settings.n_routed_experts,
+        num_experts_per_tok=settings.num_experts_per_tok,
+        n_shared_experts=settings.n_shared_experts,
+        routed_scaling_factor=settings.routed_scaling_factor,
+        q_lora_rank=None,
+        kv_lora_rank=settings.kv_lora_rank,
+        qk_nope_head_dim=settings.qk_nope_head_dim,
+        qk_rope_head_dim=settings.qk_rope_head_dim,
+        v_head_dim=settings.v_head_dim,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        num_nextn_predict_layers=0,
+        tie_word_embeddings=False,
+        max_position_embeddings=settings.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        # Not read by transformers (its routing is always this), but by other DeepSeek-V3 readers
+        # (SGLang, Megatron-Bridge), as in Moonlight's config.json.
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+    )
+
+
+def build_tiny_checkpoint(
+    out_dir: str | Path, settings: TinyModelSettings = TinyModelSettings(), *, bootstrap: bool = True
+) -> Path:
+    """Write the tiny model, tokenizer, generation config and a build report to `out_dir`.
+
+    With `bootstrap`, the model is warm-started on the synthetic task and its greedy validation
+    accuracy is measured into `tiny_build.json`; without, it keeps its seeded random init.
+    """
+    from transformers import DeepseekV3ForCausalLM, GenerationConfig
+
+    from rlinf.data.synthetic import SYNTHETIC_CHARSET, generate_arithmetic
+    from rlinf.models.bootstrap import greedy_accuracy, supervised_warm_start
+    from rlinf.models.tiny_tokenizer import build_char_tokenizer
+
+    started = time.perf_counter()
+    out = Path(out_dir)
+    tokenizer = build_char_tokenizer(SYNTHETIC_CHARSET)
+    torch.manual_seed(settings.seed)
+    model = DeepseekV3ForCausalLM(tiny_model_config(settings, tokenizer)).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    report: dict[str, object] = {
+        "settings": dataclasses.asdict(settings),
+        "code_version": TINY_CODE_VERSION,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "bootstrapped": bootstrap,
+    }
+    if bootstrap:
+        task = {"digits": settings.digits, "operations": settings.operations, "steps": settings.steps}
+        train = generate_arithmetic("train", settings.num_train_problems, seed=settings.seed, **task)
+        val = generate_arithmetic("val", settings.num_val_problems, seed=settings.seed, **task)
+        losses = supervised_warm_start(
+            model,
+            tokenizer,
+            train,
+            steps=settings.train_steps,
+            batch_size=settings.batch_size,
+            lr=settings.lr,
+            warmup_steps=settings.warmup_steps,
+            seed=settings.seed,
+        )
+        evaluation = greedy_accuracy(model, tokenizer, val, max_new_tokens=max_response_tokens(settings))
+        report |= {
+            "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "val_greedy_accuracy": evaluation.accuracy,
+            "val_boxed_fraction": evaluation.boxed_fraction,
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    report["build_seconds"] = round(time.perf_counter() - started, 1)
+    (out / BUILD_REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return out
+
+
+def max_response_tokens(settings: TinyModelSettings) -> int:
+    """A response-length cap that fits the longest worked solution of the task with room to spare.
+
+    Each step writes `a op b = c. ` and the answer sentence `The answer is \\boxed{c}.`; operands
+    and results stay within digits + steps characters (+/- grow the value by at most one digit
+    per step; * is limited to one-digit multipliers).
+    """
+    number = settings.digits + settings.steps + 1  # the sign included
+    step = 3 * number + len(" x  = . ")
+    return settings.steps * step + len("The answer is \\boxed{}.") + number + 8
+
+
+def ensure_tiny_checkpoint(settings: TinyModelSettings = TinyModelSettings(), cache_dir: str | Path | None = None) -> Path:
+    """The bootstrapped tiny checkpoint for `settings`, built once and then reused from the cache.
+
+    Lives in `<cache>/tiny/<digest>`, with `<cache>` = `cache_dir`, else `$RLINF_CACHE_DIR`, else
+    `~/.cache/rlinf`. The build goes to a temporary folder renamed into place when complete, and a
+    lock file makes concurrent callers (several Ray workers) wait for one build instead of racing.
+    """
+    root = Path(cache_dir or os.environ.get("RLINF_CACHE_DIR") or Path.home() / ".cache" / "rlinf") / "tiny"
+    final = root / settings.digest()
+    if (final / BUILD_REPORT).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / BUILD_REPORT).is_file():
+            staging = root / f".{final.name}.tmp-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            build_tiny_checkpoint(staging, settings)
+            staging.rename(final)
+    return final
+
+
+def resolve_model_path(path: str) -> str:
+    """`tiny://bootstrap` -> the cached tiny checkpoint (built on first use); other paths unchanged."""
+    if path == TINY_URI:
+        return str(ensure_tiny_checkpoint())
+    if path.startswith("tiny://"):
+        raise ValueError(f"unknown tiny model {path!r}; the only one is {TINY_URI}")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    defaults = TinyModelSettings()
+    parser = argparse.ArgumentParser(description="Build the tiny DeepSeek-V3-shaped checkpoint.")
+    parser.add_argument("--out", required=True, help="output checkpoint directory")
+    parser.add_argument("--steps", type=int, default=defaults.train_steps, help="warm-start optimizer steps")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="warm-start peak learning rate")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="warm-start batch size")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="init, data and order seed")
+    parser.add_argument("--no-bootstrap", action="store_true", help="keep the random init (no warm start)")
+    args = parser.parse_args(argv)
+    settings = dataclasses.replace(
+        defaults, train_steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed
+    )
+    out = build_tiny_checkpoint(args.out, settings, bootstrap=not args.no_bootstrap)
+    print((out / BUILD_REPORT).read_text(), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+import torch
+
+from rlinf.data.batch import RolloutBatch
+from rlinf.runners.step_metrics import pass_at_k, rollout_metrics
+from rlinf.utils.metrics import MetricLogger, progress_line
+from rlinf.utils.plot import plot_training_curves
+
+
+def test_tensorboard_events_and_history(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = MetricLogger(tmp_path, ("tensorboard",))
+    for step in range(1, 4):
+        logger.log({"rollout/reward_mean": step * 0.5, "val/accuracy": 0.1 * step, "bad": float("nan")}, step)
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.value for e in events.Scalars("rollout/reward_mean")] == [0.5, 1.0, 1.5]
+    assert "bad" not in events.Tags()["scalars"]
+    assert [row["step"] for row in logger.history()] == [1, 2, 3]
+    logger.truncate_after(2)
+    assert [row["step"] for row in logger.history()] == [1, 2]
+    png = plot_training_curves(logger.history(), tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _batch(correct: list[bool], lengths: list[int], reasons: list[str]) -> RolloutBatch:
+    n, width = len(correct), max(lengths)
+    mask = torch.tensor([[i < length for i in range(width)] for length in lengths])
+    return RolloutBatch(
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.bool),
+        response_ids=torch.ones(n, width, dtype=torch.long),
+        response_mask=mask,
+        group_index=torch.tensor([0, 0, 1, 1]),
+        rollout_logprobs=torch.zeros(n, width),
+        finish_reasons=reasons,
+        response_text=[""] * n,
+        solutions=[("1",)] * n,
+        rewards=torch.tensor([5.0 if c else -5.0 for c in correct]),
+        correct=torch.tensor(correct),
+        extras={"reward/timeouts": 1.0},
+    )
+
+
+def test_rollout_metrics_known_values():
+    batch = _batch([True, False, False, False], [2, 4, 3, 1], ["stop", "length", "stop", "stop"])
+    m = rollout_metrics(batch)
+    assert m["rollout/reward_mean"] == -2.5
+    assert m["rollout/accuracy"] == 0.25
+    assert m["rollout/response_length_mean"] == 2.5
+    assert m["rollout/response_length_max"] == 4
+    assert m["rollout/truncated_fraction"] == 0.25
+    assert m["reward/timeouts"] == 1.0
+    assert "acc 0.250" in progress_line(3, 10, m, 12.0)
+
+
+def test_pass_at_k():
+    correct = torch.tensor([True, False, False, False, True, True])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    mean_k, pass_k = pass_at_k(correct, groups)
+    assert mean_k == 0.5
+    assert abs(pass_k - 2 / 3) < 1e-7
