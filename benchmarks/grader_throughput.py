@@ -51,7 +51,7 @@ def _cases(rng: random.Random) -> list[tuple[str, str, bool]]:
         (f"{n / d:.4f}", f"\\frac{{{n}}}{{{d}}}", False),
         (f"{t_num / t_den:g}", f"\\frac{{{t_num}}}{{{t_den}}}", True),
         (f"\\sqrt{{{a * a * sf}}}", f"{a}\\sqrt{{{sf}}}", True),
-        (f"{a}\\sqrt {sf}", f"{a}\\sqrt{{{sf}}}", True),
+        (f"{a} \\sqrt{{ {sf} }}", f"{a}\\sqrt{{{sf}}}", True),
         (f"{sf}\\sqrt{{{a}}}", f"{a}\\sqrt{{{sf}}}", False),
         (f"{a * math.sqrt(sf):.3f}", f"{a}\\sqrt{{{sf}}}", False),
         (f"\\frac{{{a}}}{{{b}}}\\sqrt{{{sf}}}", f"\\frac{{{a}\\sqrt{{{sf}}}}}{{{b}}}", True),

@@ -125,7 +125,7 @@ def build_tiny_checkpoint(
     from transformers import DeepseekV3ForCausalLM, GenerationConfig
 
     from rlinf.data.synthetic import SYNTHETIC_CHARSET, generate_arithmetic
-    from rlinf.models.bootstrap import greedy_accuracy, supervised_warm_start
+    from rlinf.models.bootstrap import encode_example, greedy_accuracy, supervised_warm_start
     from rlinf.models.tiny_tokenizer import build_char_tokenizer
 
     started = time.perf_counter()
@@ -158,7 +158,9 @@ def build_tiny_checkpoint(
             warmup_steps=settings.warmup_steps,
             seed=settings.seed,
         )
-        evaluation = greedy_accuracy(model, tokenizer, val, max_new_tokens=max_response_tokens(settings))
+        # Room for a wrong answer a little longer than the longest right one.
+        longest = max(len(encode_example(tokenizer, problem)[1]) for problem in val)
+        evaluation = greedy_accuracy(model, tokenizer, val, max_new_tokens=longest + 16)
         report |= {
             "final_loss": sum(losses[-10:]) / len(losses[-10:]),
             "val_greedy_accuracy": evaluation.accuracy,
@@ -170,18 +172,6 @@ def build_tiny_checkpoint(
     report["build_seconds"] = round(time.perf_counter() - started, 1)
     (out / BUILD_REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return out
-
-
-def max_response_tokens(settings: TinyModelSettings) -> int:
-    """A response-length cap that fits the longest worked solution of the task with room to spare.
-
-    Each step writes `a op b = c. ` and the answer sentence `The answer is \\boxed{c}.`; operands
-    and results stay within digits + steps characters (+/- grow the value by at most one digit
-    per step; * is limited to one-digit multipliers).
-    """
-    number = settings.digits + settings.steps + 1  # the sign included
-    step = 3 * number + len(" x  = . ")
-    return settings.steps * step + len("The answer is \\boxed{}.") + number + 8
 
 
 def ensure_tiny_checkpoint(settings: TinyModelSettings = TinyModelSettings(), cache_dir: str | Path | None = None) -> Path:

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-from rlinf.rewards.normalize import as_fraction, choice_letter, normalize_answer
+from rlinf.rewards.normalize import as_fraction, choice_letter, normalize_answer, numeric_sequence
 
 # Only the end of a response is searched for the final box, so a 200k-character
 # response costs no more than a short one.
@@ -184,6 +184,13 @@ def answers_match(pred: str, gold: str) -> bool:
     gold_value, pred_value = as_fraction(gold), as_fraction(pred)
     if gold_value is not None and pred_value is not None:
         return gold_value == pred_value
+    gold_seq, pred_seq = numeric_sequence(gold), numeric_sequence(pred)
+    if gold_seq is not None and pred_seq is not None and gold_seq[0] == pred_seq[0]:
+        if gold_seq[0] in ("{}", ""):  # sets, and bare lists of solutions, are unordered
+            return set(gold_seq[1]) == set(pred_seq[1])
+        return gold_seq[1] == pred_seq[1]  # tuples and intervals: same brackets, same order
+    if gold_seq is not None and pred_seq is not None and "" not in (gold_seq[0], pred_seq[0]):
+        return False  # "[1,2)" vs "[1,2]", "(1,2)" vs "[1,2]": different objects
     return _symbolic_equal(pred, gold)
 
 

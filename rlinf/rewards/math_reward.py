@@ -24,6 +24,17 @@ from rlinf.rewards.math import MAX_RESPONSE_TAIL_CHARS, grade
 # not count against any item, and a worker that cannot start at all is a setup error.
 WORKER_START_TIMEOUT_S = 120.0
 MAX_CHUNK_SIZE = 32
+# Graded once by each new worker before it reports ready: sympy imports and caches a lot on
+# first use, which would otherwise slow (and risk timing out) a worker's first real items.
+_WARM_UP = [
+    ("\\boxed{(x+2)(x+3)}", ["x^2+5x+6"]),
+    ("\\boxed{(-2, 5]}", ["(5,-2)"]),
+    ("\\boxed{\\{\\sqrt{2}, 1\\}}", ["\\{1,\\sqrt{2}\\}"]),
+    ("\\boxed{3.1416}", ["\\pi"]),
+    ("\\boxed{2\\sqrt{3}}", ["\\frac{\\sqrt{12}}{1}"]),
+    ("\\boxed{\\begin{pmatrix}1\\\\2\\end{pmatrix}}", ["\\begin{pmatrix}2\\\\1\\end{pmatrix}"]),
+    ("\\boxed{\\pm 3}", ["3,-3"]),
+]
 
 
 @dataclass
@@ -34,7 +45,8 @@ class RewardResult:
 
 
 def _worker_main(conn: Connection) -> None:
-    grade("\\boxed{x+1}", ["1+x"])  # builds the LaTeX parser before the first timed item
+    for response, solutions in _WARM_UP:
+        grade(response, solutions)
     conn.send("ready")
     while True:
         try:

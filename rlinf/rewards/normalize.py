@@ -119,25 +119,60 @@ def choice_letter(normalized: str) -> str | None:
     return (m.group(1) or m.group(2)) if m else None
 
 
-def _num(text: str) -> Fraction:
-    return Fraction(text if not text.endswith(".") else text[:-1])
-
-
 def as_fraction(normalized: str) -> Fraction | None:
     """Exact value of a plain number (integer, decimal, fraction, mixed number, a\\times10^k)."""
     s = normalized
     try:
         if _INT_OR_DEC.match(s):
-            return _num(s)
+            return Fraction(s)
         if m := _FRAC.match(s):
-            value = _num(m.group(2)) / _num(m.group(3))
+            value = Fraction(m.group(2)) / Fraction(m.group(3))
             return -value if m.group(1) == "-" else value
         if m := _SLASH.match(s):
             return Fraction(int(m.group(1)), int(m.group(2)))
         if m := _MIXED.match(s):  # "2\frac{1}{2}" is a mixed number in MATH answers
             return int(m.group(1)) + Fraction(int(m.group(2)), int(m.group(3)))
         if m := _SCI.match(s):
-            return _num(m.group(1)) * Fraction(10) ** int(m.group(2))
+            return Fraction(m.group(1)) * Fraction(10) ** int(m.group(2))
     except (ValueError, ZeroDivisionError):
         return None
     return None
+
+
+def _split_top_level(s: str) -> list[str]:
+    """Split on commas that are not inside braces, brackets or parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch in "{([":
+            depth += 1
+        elif ch in "})]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    parts.append(s[start:])
+    return parts
+
+
+def numeric_sequence(normalized: str) -> tuple[str, tuple] | None:
+    """(delimiters, values) of a tuple, interval, set or bare list whose elements are all plain
+    numbers or +-infinity, e.g. "[-2,3)" -> ("[)", (-2, 3)), "1,2" -> ("", (1, 2)); else None."""
+    s = normalized
+    if s.startswith("\\{") and s.endswith("\\}"):
+        delimiters, body = "{}", s[2:-2]
+    elif len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
+        delimiters, body = s[0] + s[-1], s[1:-1]
+    elif "," in s:
+        delimiters, body = "", s
+    else:
+        return None
+    values = []
+    for element in _split_top_level(body):
+        if element in ("\\infty", "+\\infty", "-\\infty"):
+            values.append(element.lstrip("+"))
+            continue
+        value = as_fraction(element)
+        if value is None:
+            return None
+        values.append(value)
+    return delimiters, tuple(values)

@@ -116,7 +116,8 @@ class TorchActor(ActorWorker):
                     normalizer=normalizer,
                     rollout_logprobs=micro.rollout_logprobs.to(self.device),
                     ref_logprobs=None if micro.ref_logprobs is None else micro.ref_logprobs.to(self.device),
-                    entropy=entropy,
+                    # Without a bonus the entropy is only a diagnostic: keep it out of the graph.
+                    entropy=entropy if a.entropy_bonus > 0 else entropy.detach(),
                 )
                 out.loss.backward()
                 micro_metrics.append(out.metrics)

@@ -195,7 +195,7 @@ def _sample_chunk(
     rows = torch.arange(batch, device=device)
     num_live = batch
     for step in range(max_new):
-        blocked = None
+        blocked = eos_ids if step < params.min_new_tokens else None
         tokens, token_logprobs = choose_next_tokens(logits, params, generator=generator, blocked_ids=blocked)
         response_ids[rows, step] = tokens
         logprobs[rows, step] = token_logprobs
