@@ -65,5 +65,5 @@ def response_logprobs(
     logprobs = logprobs.masked_fill(~response_mask, 0.0)
     if not with_entropy:
         return logprobs, None
-    entropy = entropy_from_logprobs(all_logprobs.detach()).masked_fill(~response_mask, 0.0)
+    entropy = entropy_from_logprobs(all_logprobs).masked_fill(~response_mask, 0.0)
     return logprobs, entropy

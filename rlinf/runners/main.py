@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(cfg) -> int:
     from rlinf.config.validate import total_gpus
-    from rlinf.models import load_tokenizer, resolve_model_path
+    from rlinf.models.loader import load_tokenizer
+    from rlinf.models.tiny import resolve_model_path
     from rlinf.runners.data_setup import build_datasets
     from rlinf.runners.grpo_runner import GRPORunner
     from rlinf.scheduler.cluster import init_ray, shutdown_ray

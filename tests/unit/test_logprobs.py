@@ -45,7 +45,8 @@ class BigramLM(torch.nn.Module):
         super().__init__()
         self.table = torch.nn.Parameter(table)
 
-    def forward(self, input_ids, logits_to_keep=0, **_):
+    def forward(self, input_ids, position_ids, logits_to_keep=0, **_):
+        self.seen_position_ids = position_ids
         return SimpleNamespace(logits=self.table[input_ids][:, -logits_to_keep:])
 
 
@@ -91,6 +92,8 @@ def test_bigram_logprobs_and_entropy_match_hand_computation():
     expected_entropy = torch.tensor([[h for _, h in row] for row in expected])
     torch.testing.assert_close(logprobs, expected_logprobs, atol=1e-6, rtol=0)
     torch.testing.assert_close(entropy, expected_entropy, atol=1e-6, rtol=0)
+    # Each row counts positions from its first real token (RoPE alone would hide a constant shift).
+    assert model.seen_position_ids.tolist() == [[0, 0, 1, 2], [0, 1, 2, 2]]
 
 
 def test_matches_naive_full_forward_on_unpadded_rows():
@@ -123,14 +126,16 @@ def test_non_positive_temperature_reports_temperature_one():
     assert not torch.allclose(at_one, at_half)
 
 
-def test_gradients_flow_to_all_layers():
+def test_gradients_flow_to_all_layers_from_logprobs_and_entropy():
     model = tiny_deepseek_v3().train()
     prompt_ids, prompt_mask = left_pad([[3, 4, 5], [6]])
     response_ids, response_mask = right_pad([[7, 8], [9, 10, 11]])
     logprobs, entropy = response_logprobs(
         model, prompt_ids, prompt_mask, response_ids, response_mask, with_entropy=True
     )
-    (logprobs.sum() + entropy.sum()).backward()
-    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.kv_b_proj.weight", "lm_head.weight"):
-        grad = model.get_parameter(name).grad
-        assert grad is not None and grad.abs().sum() > 0, name
+    names = ("model.embed_tokens.weight", "model.layers.0.self_attn.kv_b_proj.weight", "lm_head.weight")
+    params = [model.get_parameter(name) for name in names]
+    for output in (logprobs, entropy):
+        grads = torch.autograd.grad(output.sum(), params, retain_graph=True)
+        for name, grad in zip(names, grads, strict=True):
+            assert grad.abs().sum() > 0, name
