@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg)
 
 
+def describe_failure(err: Exception, last_good: Path | None) -> str:
+    return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
+
+
 def run(cfg) -> int:
     from rlinf.config.validate import total_gpus
     from rlinf.models.loader import load_tokenizer
@@ -60,20 +64,22 @@ def run(cfg) -> int:
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
     train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
     metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)
-    init_ray(total_gpus(cfg))
-    runner = None
+    owns_ray = init_ray(total_gpus(cfg))
+    runner, roles = None, None
     try:
         roles = launch_roles(cfg)
         runner = GRPORunner(cfg, roles, train_set, val_set, metrics)
         metrics.log(data_counters, step=0)
         last = runner.run()
     except WorkerError as err:
-        last_good = runner.checkpointer.last_saved if runner else None
-        print(f"run stopped: {err}\nlast good checkpoint: {last_good or 'none'}", file=sys.stderr)
+        print(describe_failure(err, runner.checkpointer.last_saved if runner else None), file=sys.stderr)
         return 1
     finally:
         metrics.close()
-        shutdown_ray()
+        if roles is not None:
+            roles.shutdown()
+        if owns_ray:
+            shutdown_ray()
     if cfg.runner.logger.plot:
         plot = plot_training_curves(metrics.history(), log_path / "training_curves.png")
         print(f"plot: {plot}")

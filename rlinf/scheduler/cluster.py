@@ -24,18 +24,19 @@ def cluster_address() -> str | None:
     return None
 
 
-def init_ray(num_gpus: int) -> None:
+def init_ray(num_gpus: int) -> bool:
+    """Returns True when this call started or joined Ray (and so should shut it down)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     # Workers import rlinf from this checkout whether or not it is pip-installed.
     runtime_env = {"env_vars": {"PYTHONPATH": _pythonpath(), "TOKENIZERS_PARALLELISM": "false"}}
     address = cluster_address()
     if address:
         logger.info("connecting to Ray cluster at %s", address)
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-        return
+        return True
     logger.info("starting a local Ray cluster (%d CPUs, %d GPUs)", os.cpu_count() or 1, num_gpus)
     ray.init(
         num_cpus=os.cpu_count() or 1,
@@ -44,6 +45,7 @@ def init_ray(num_gpus: int) -> None:
         runtime_env=runtime_env,
         log_to_driver=True,
     )
+    return True
 
 
 def _pythonpath() -> str:

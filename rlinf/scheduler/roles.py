@@ -18,6 +18,10 @@ class Roles:
     colocated: bool
 
     def shutdown(self) -> None:
+        try:  # let the grading pool's processes exit with their parent
+            self.reward.call("close")
+        except Exception:  # noqa: BLE001 - best effort while tearing down after a failure
+            pass
         for group in (self.reward, self.rollout, self.actor):
             group.kill()
 
