@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="best of N timed runs, after one warm-up")
+    parser.add_argument("--repeats", type=int, default=2, help="best of N timed runs, after one warm-up")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)

@@ -67,6 +67,7 @@ class ModelLoadError(ValueError):
 
 def load_model_config(path: str) -> DeepseekV3Config:
     """The checkpoint's config as transformers' native DeepseekV3Config, after checking it."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import DeepseekV3Config
 
     config_file = _checkpoint_dir(path) / "config.json"
@@ -94,7 +95,7 @@ def load_model_config(path: str) -> DeepseekV3Config:
     raw.pop("auto_map", None)
     try:
         return DeepseekV3Config.from_dict(raw)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, StrictDataclassError) as error:  # transformers' configs validate field types
         raise ModelLoadError(f"{config_file}: invalid config: {error}") from error
 
 

@@ -15,10 +15,13 @@ per-item limits are enforced by process isolation in rlinf.rewards.math_reward.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+import sympy
 from math_verify import LatexExtractionConfig, parse, verify
 
 from rlinf.rewards.normalize import as_fraction, choice_letter, normalize_answer, numeric_sequence
@@ -30,9 +33,11 @@ MAX_RESPONSE_TAIL_CHARS = 4096
 MAX_ANSWER_CHARS = 1000
 # Answers longer than this only get the string comparison, never sympy.
 MAX_SYMBOLIC_CHARS = 300
-# Decimals are compared with exact values to 10 decimal places: a decimal must *be* the
-# value ("0.5" = "\frac12"), not approximate it ("0.333333" != "\frac13", "3.1416" != "\pi").
-FLOAT_DECIMALS = 10
+# A decimal must *be* the value ("0.5" = "\frac12"), not approximate it ("0.333333" !=
+# "\frac13", "3.1416" != "\pi"); the tolerances only absorb floating-point noise.
+FLOAT_DECIMALS = 10  # math-verify compares floats rounded to this many decimal places
+FLOAT_RELATIVE_TOLERANCE = 1e-12
+RANDOM_POINTS = 3  # evaluations deciding whether two rational functions are equal
 # Answers beyond these limits only get the string comparison: sympy could take minutes
 # (9^{9^9} would never end). Real answers with larger exponents ("2^{2023}") match as strings.
 MAX_EXPONENT = 100
@@ -42,6 +47,8 @@ MAX_NESTING = 6
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _FACTORIAL_ARG = re.compile(r"(\d+)\s*!")
 _WORD_ANSWER = re.compile(r"[a-z]{3,}")
+# Left-hand sides that compute something ("-x", "2x+3", "x^2") rather than name the quantity.
+_COMPUTED_LHS = re.compile(r"^[\d.]|[-+*/^]|\\cdot|\\times|\\frac")
 _LATEX_ONLY = [LatexExtractionConfig()]
 
 
@@ -74,11 +81,10 @@ def extract_last_boxed(text: str) -> str | None:
     An unclosed last box ("... \\boxed{5") gives None: the final answer is incomplete.
     """
     text = text[-MAX_RESPONSE_TAIL_CHARS:]
-    last = None
-    for last in _BOX_COMMAND.finditer(text):
-        pass
-    if last is None:
+    boxes = list(_BOX_COMMAND.finditer(text))
+    if not boxes:
         return None
+    last = boxes[-1]
     rest = text[last.end() :]
     stripped = rest.lstrip()
     if stripped.startswith("{"):
@@ -148,12 +154,71 @@ def _reference_answer(solution: str) -> str | None:
     return normalize_answer(answer) or None
 
 
+def _numeric_decision(gold: sympy.Expr, pred: sympy.Expr) -> bool | None:
+    """Compare two constant expressions by value; None when evaluation is not conclusive."""
+    if gold.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or pred.has(
+        sympy.oo, -sympy.oo, sympy.zoo, sympy.nan
+    ):
+        return None
+    # sympy numbers, not Python floats: values such as (10^9)^{100} overflow a float.
+    scale = max(abs(sympy.N(gold, 20)), abs(sympy.N(pred, 20)))
+    # Enough digits that integers like 10^{100} and 10^{100}+1 stay distinguishable.
+    digits = 60 + (int(sympy.log(scale, 10)) if scale > 1 else 0)
+    difference = abs(sympy.N(gold - pred, digits))
+    if gold.has(sympy.Float) or pred.has(sympy.Float):
+        return difference <= FLOAT_RELATIVE_TOLERANCE * scale  # decimals carry ~15 digits
+    return difference <= 1e-40  # exact expressions: equal ones evaluate to a zero difference
+
+
+def _rational_functions_equal(gold: sympy.Expr, pred: sympy.Expr, symbols: list) -> bool | None:
+    """Compare rational functions at fixed pseudo-random integer points, exactly.
+
+    Two different rational functions agree at a random point of a wide range with negligible
+    probability (Schwartz-Zippel), and evaluating is cheap where expanding or simplifying
+    "(x+y+z+w+1)^{30}" takes sympy minutes.
+    """
+    rng = random.Random(0)  # fixed points: grading must be deterministic
+    for _ in range(RANDOM_POINTS):
+        point = {symbol: sympy.Integer(rng.randint(10**5, 10**9)) for symbol in symbols}
+        equal = _numeric_decision(gold.xreplace(point), pred.xreplace(point))
+        if equal is not True:
+            return equal  # False, or None (e.g. a pole at this point)
+    return True
+
+
+def _fast_sympy_decision(gold_parsed: tuple, pred_parsed: tuple) -> bool | None:
+    """Decide single expressions without sympy's simplify (the slow part of math-verify):
+    constants by value, polynomials and rational functions at random points. None: undecided."""
+    if len(gold_parsed) != 1 or len(pred_parsed) != 1:
+        return None
+    gold, pred = gold_parsed[0], pred_parsed[0]
+    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
+        return None  # relations, sets, tuples and matrices have math-verify's own rules
+    try:
+        if gold.is_number and pred.is_number:
+            return _numeric_decision(gold, pred)
+        symbols = sorted(gold.free_symbols | pred.free_symbols, key=str)
+        if (
+            not gold.has(sympy.Float)
+            and not pred.has(sympy.Float)
+            and gold.is_rational_function(*symbols)
+            and pred.is_rational_function(*symbols)
+        ):
+            return _rational_functions_equal(gold, pred, symbols)
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    return None
+
+
 def _symbolic_equal(pred: str, gold: str) -> bool:
     if max(len(pred), len(gold)) > MAX_SYMBOLIC_CHARS or _too_expensive(pred) or _too_expensive(gold):
         return False
     gold_parsed, pred_parsed = _parse(gold), _parse(pred)
     if not gold_parsed or not pred_parsed:
         return False
+    decided = _fast_sympy_decision(gold_parsed, pred_parsed)
+    if decided is not None:
+        return decided
     return verify(
         list(gold_parsed),
         list(pred_parsed),
@@ -181,6 +246,8 @@ def answers_match(pred: str, gold: str) -> bool:
         return False  # "monday", "odd": only an equal string is right
     if {_bracket_kind(pred), _bracket_kind(gold)} == {"set", "sequence"}:
         return False  # math-verify equates \{1,2\} with (1,2); a set is not an ordered pair
+    if "=" in pred and "=" not in gold and _COMPUTED_LHS.search(pred.split("=", 1)[0]):
+        return False  # math-verify would compare "-x=5" or "2x+3=5" with 5 by the right side
     gold_value, pred_value = as_fraction(gold), as_fraction(pred)
     if gold_value is not None and pred_value is not None:
         return gold_value == pred_value

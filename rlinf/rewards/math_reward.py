@@ -119,7 +119,9 @@ class MathReward:
     def _grade_all(self, items: list[tuple[str, tuple[str, ...]]]) -> tuple[list[bool], int]:
         correct = [False] * len(items)
         chunk_size = max(1, min(MAX_CHUNK_SIZE, len(items) // (8 * len(self._workers))))
-        todo = deque(list(range(i, min(i + chunk_size, len(items)))) for i in range(0, len(items), chunk_size))
+        todo = deque(
+            list(range(i, min(i + chunk_size, len(items)))) for i in range(0, len(items), chunk_size)
+        )
         timeouts = 0
         while todo or any(w.pending for w in self._workers):
             for slot, w in enumerate(self._workers):

@@ -70,21 +70,28 @@ def check_complete(path: Path) -> None:
 
 
 def load_hf_weights_into(model, directory: Path) -> None:
-    """Load the *.safetensors files of an HF save_pretrained dir into `model`, strictly."""
+    """Load an HF save_pretrained dir into `model` in place (strict), naming any bad file.
+
+    Loading goes through transformers, because its on-disk layout is not always the in-memory one
+    (transformers 5 stores fused MoE experts as per-expert tensors and converts on load).
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from rlinf.models.loader import load_causal_lm
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no *.safetensors weight files")
-    state = {}
     for file in files:
         try:
-            state.update(load_file(str(file)))
+            load_file(str(file))
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"{file}: corrupt weight file: {err}") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{directory}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
+    dtype = next(model.parameters()).dtype
+    precision = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
+    try:
+        saved = load_causal_lm(str(directory), precision=precision, device="cpu")
+        model.load_state_dict(saved.state_dict(), strict=True)
+    except (RuntimeError, ValueError) as err:
+        raise CheckpointError(f"{directory}: weights do not match the model: {err}") from None

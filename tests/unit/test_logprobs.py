@@ -77,7 +77,13 @@ def test_bigram_logprobs_and_entropy_match_hand_computation():
     temperature = 0.5
 
     logprobs, entropy = response_logprobs(
-        model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature, with_entropy=True
+        model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        temperature=temperature,
+        with_entropy=True,
     )
 
     def hand(prev: int, token: int) -> tuple[float, float]:
@@ -104,7 +110,9 @@ def test_matches_naive_full_forward_on_unpadded_rows():
     response_ids, response_mask = right_pad(responses)
 
     with torch.no_grad():
-        logprobs, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.7)
+        logprobs, _ = response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.7
+        )
         for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
             full = torch.tensor([prompt + response])
             all_logprobs = (model(input_ids=full).logits[0].float() / 0.7).log_softmax(-1)
@@ -119,9 +127,15 @@ def test_non_positive_temperature_reports_temperature_one():
     prompt_ids, prompt_mask = left_pad([[3, 4], [5]])
     response_ids, response_mask = right_pad([[6, 7], [8, 9]])
     with torch.no_grad():
-        at_one, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0)
-        at_zero, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.0)
-        at_half, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.5)
+        at_one, _ = response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0
+        )
+        at_zero, _ = response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.0
+        )
+        at_half, _ = response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=0.5
+        )
     assert torch.equal(at_one, at_zero)
     assert not torch.allclose(at_one, at_half)
 

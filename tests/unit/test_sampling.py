@@ -59,13 +59,20 @@ def tiny_deepseek_v3(eos_bias: float | None = None, seed: int = 0) -> DeepseekV3
 
 def run(model, params: SamplingParams, prompts=PROMPTS, seed: int = 0, **kwargs):
     generator = torch.Generator().manual_seed(seed)
-    return sample(model, prompts, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=generator, **kwargs)
+    return sample(
+        model, prompts, params, eos_token_ids=[EOS], pad_token_id=PAD, generator=generator, **kwargs
+    )
 
 
 def recompute(model, out, temperature: float) -> torch.Tensor:
     with torch.no_grad():
         logprobs, _ = response_logprobs(
-            model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask, temperature=temperature
+            model,
+            out.prompt_ids,
+            out.prompt_mask,
+            out.response_ids,
+            out.response_mask,
+            temperature=temperature,
         )
     return logprobs
 
@@ -181,7 +188,9 @@ def test_outputs_feed_training_and_model_mode_is_restored():
     model = tiny_deepseek_v3().train()
     out = run(model, SamplingParams(max_new_tokens=4))
     assert model.training
-    logprobs, _ = response_logprobs(model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
+    logprobs, _ = response_logprobs(
+        model, out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask
+    )
     logprobs.sum().backward()
     assert model.lm_head.weight.grad.abs().sum() > 0
 
@@ -239,7 +248,9 @@ def test_temperature_sharpens_the_sampling_distribution():
 def test_blocked_ids_are_never_chosen():
     logits = torch.tensor([[0.0, 10.0, 0.0]]).expand(1000, -1)
     blocked = torch.tensor([1])
-    greedy_tokens, greedy_logprobs = choose_next_tokens(logits, SamplingParams(greedy=True), blocked_ids=blocked)
+    greedy_tokens, greedy_logprobs = choose_next_tokens(
+        logits, SamplingParams(greedy=True), blocked_ids=blocked
+    )
     sampled, _ = choose_next_tokens(
         logits, SamplingParams(), generator=torch.Generator().manual_seed(0), blocked_ids=blocked
     )

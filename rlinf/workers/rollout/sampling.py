@@ -149,7 +149,9 @@ def sample(
     try:
         with torch.inference_mode():
             chunks = [
-                _sample_chunk(model, prompts[start : start + max_batch_size], params, eos_ids, pad_token_id, generator)
+                _sample_chunk(
+                    model, prompts[start : start + max_batch_size], params, eos_ids, pad_token_id, generator
+                )
                 for start in range(0, len(prompts), max_batch_size)
             ]
     finally:
@@ -171,7 +173,9 @@ def _sample_chunk(
     prompt_ids = torch.tensor(
         [[pad_token_id] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long
     ).to(device)
-    prompt_mask = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts]).to(device)
+    prompt_mask = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts]).to(
+        device
+    )
 
     batch, max_new = len(prompts), params.max_new_tokens
     response_ids = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)

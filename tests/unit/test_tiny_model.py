@@ -1,0 +1,166 @@
+"""The tiny model: tokenizer and chat template, checkpoint layout, cache, and the bootstrap's accuracy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3ForCausalLM
+
+from rlinf.data.synthetic import SYNTHETIC_CHARSET, generate_arithmetic
+from rlinf.models import load_causal_lm, load_tokenizer
+from rlinf.models.bootstrap import encode_example, greedy_accuracy
+from rlinf.models.tiny import (
+    BUILD_REPORT,
+    TINY_URI,
+    TinyModelSettings,
+    build_tiny_checkpoint,
+    ensure_tiny_checkpoint,
+    main,
+    resolve_model_path,
+)
+from rlinf.models.tiny_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
+from rlinf.rewards.math import extract_last_boxed
+
+torch.set_num_threads(2)
+
+# Stated range of the bootstrapped model's greedy validation accuracy (docs/models.md).
+ACCURACY_RANGE = (0.15, 0.60)
+# A build small enough for a few seconds: for layout and cache tests, not for accuracy.
+QUICK = TinyModelSettings(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=8,
+    num_train_problems=64,
+    num_val_problems=4,
+    train_steps=2,
+    batch_size=4,
+    warmup_steps=1,
+)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One tiny-model cache for the whole test session (an RLINF_CACHE_DIR set outside is kept)."""
+    if "RLINF_CACHE_DIR" not in os.environ:
+        os.environ["RLINF_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlinf-cache"))
+    return Path(os.environ["RLINF_CACHE_DIR"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer(SYNTHETIC_CHARSET)
+
+
+def test_one_token_per_character(tokenizer) -> None:
+    ids = tokenizer(SYNTHETIC_CHARSET, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(SYNTHETIC_CHARSET) and len(set(ids)) == len(ids)
+    assert tokenizer.decode(ids) == SYNTHETIC_CHARSET
+    assert len(tokenizer) == len(SPECIAL_TOKENS) + len(SYNTHETIC_CHARSET)
+
+
+def test_special_tokens_are_single_ids_and_unknowns_are_kept(tokenizer) -> None:
+    for token in SPECIAL_TOKENS:
+        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+    assert tokenizer("1%2", add_special_tokens=False)["input_ids"][1] == tokenizer.unk_token_id
+    assert tokenizer.padding_side == "left"
+
+
+def test_chat_template_prompt_and_response(tokenizer) -> None:
+    user = {"role": "user", "content": "What is 1 + 2?"}
+    prompt = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|bos|><|user|>What is 1 + 2?<|assistant|>"
+    answer = "1 + 2 = 3. The answer is \\boxed{3}."
+    full = tokenizer.apply_chat_template([user, {"role": "assistant", "content": answer}], tokenize=False)
+    assert full == prompt + answer + tokenizer.eos_token
+    with pytest.raises(Exception, match="only user and assistant"):
+        tokenizer.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+
+
+def test_training_example_is_the_rendered_prompt_then_the_solution(tokenizer) -> None:
+    problem = generate_arithmetic("train", 1, digits=2, operations=("+", "-"), steps=2, seed=0)[0]
+    prompt_ids, response_ids = encode_example(tokenizer, problem)
+    assert tokenizer.decode(prompt_ids) == f"<|bos|><|user|>{problem.record.prompt}<|assistant|>"
+    assert response_ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(response_ids[:-1]) == problem.worked_solution
+
+
+def test_checkpoint_loads_with_plain_transformers(tmp_path: Path) -> None:
+    out = build_tiny_checkpoint(tmp_path / "tiny", QUICK, bootstrap=False)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert type(model) is DeepseekV3ForCausalLM
+    config = model.config
+    assert config.q_lora_rank is None and config.kv_lora_rank == QUICK.kv_lora_rank
+    assert (config.first_k_dense_replace, config.n_group, config.topk_group) == (1, 1, 1)
+    assert (config.n_routed_experts, config.num_experts_per_tok, config.n_shared_experts) == (8, 2, 2)
+    assert config.norm_topk_prob and not config.tie_word_embeddings and config.num_nextn_predict_layers == 0
+    assert (config.scoring_func, config.topk_method) == ("sigmoid", "noaux_tc")
+    assert config.vocab_size == len(tokenizer)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.pad_token_id == tokenizer.pad_token_id
+    report = json.loads((out / BUILD_REPORT).read_text())
+    assert report["parameters"] == sum(p.numel() for p in model.parameters()) and not report["bootstrapped"]
+
+
+def test_build_is_deterministic(tmp_path: Path) -> None:
+    first = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "a", QUICK)))
+    second = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "b", QUICK)))
+    other_seed = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "c", dataclasses.replace(QUICK, seed=1))))
+    first_state, second_state = first.state_dict(), second.state_dict()
+    assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
+    assert not torch.equal(first_state["lm_head.weight"], other_seed.state_dict()["lm_head.weight"])
+
+
+def test_cache_builds_once_per_settings(tmp_path: Path) -> None:
+    path = ensure_tiny_checkpoint(QUICK, cache_dir=tmp_path)
+    assert path == tmp_path / "tiny" / QUICK.digest()
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_checkpoint(QUICK, cache_dir=tmp_path) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert ensure_tiny_checkpoint(dataclasses.replace(QUICK, lr=1e-3), cache_dir=tmp_path) != path
+    assert not [entry.name for entry in (tmp_path / "tiny").iterdir() if ".tmp-" in entry.name]
+
+
+def test_resolve_model_path_passes_other_paths_through() -> None:
+    assert resolve_model_path("/models/Moonlight-16B-A3B-Instruct") == "/models/Moonlight-16B-A3B-Instruct"
+    with pytest.raises(ValueError, match="unknown tiny model 'tiny://other'"):
+        resolve_model_path("tiny://other")
+
+
+def test_cli_writes_a_checkpoint(tmp_path: Path, capsys) -> None:
+    main(["--out", str(tmp_path / "cli"), "--no-bootstrap", "--seed", "3"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["seed"] == 3 and (tmp_path / "cli" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_bootstrapped_model_is_partly_right_and_always_boxes(cache_dir: Path) -> None:
+    path = Path(resolve_model_path(TINY_URI))
+    assert path.parent == cache_dir / "tiny"
+    settings = TinyModelSettings()
+    model, tokenizer = load_causal_lm(str(path)), load_tokenizer(str(path))
+    val = generate_arithmetic(
+        "val",
+        settings.num_val_problems,
+        digits=settings.digits,
+        operations=settings.operations,
+        steps=settings.steps,
+        seed=settings.seed,
+    )
+    evaluation = greedy_accuracy(model, tokenizer, val, max_new_tokens=80)
+    assert ACCURACY_RANGE[0] <= evaluation.accuracy <= ACCURACY_RANGE[1]
+    assert all(extract_last_boxed(response) is not None for response in evaluation.responses)
+    report = json.loads((path / BUILD_REPORT).read_text())
+    assert report["val_greedy_accuracy"] == evaluation.accuracy  # what the build measured
