@@ -163,7 +163,7 @@ def _numeric_decision(gold: sympy.Expr, pred: sympy.Expr) -> bool | None:
     # sympy numbers, not Python floats: values such as (10^9)^{100} overflow a float.
     scale = max(abs(sympy.N(gold, 20)), abs(sympy.N(pred, 20)))
     # Enough digits that integers like 10^{100} and 10^{100}+1 stay distinguishable.
-    digits = 60 + (int(sympy.log(scale, 10)) if scale > 1 else 0)
+    digits = 60 + int(int(scale).bit_length() * math.log10(2))
     difference = abs(sympy.N(gold - pred, digits))
     if gold.has(sympy.Float) or pred.has(sympy.Float):
         return difference <= FLOAT_RELATIVE_TOLERANCE * scale  # decimals carry ~15 digits
