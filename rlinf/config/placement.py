@@ -28,7 +28,9 @@ def parse_gpu_spec(spec: str, num_gpus: int, where: str) -> tuple[int, ...]:
             lo, _, hi = part.partition("-")
             first, last = int(lo), int(hi or lo)
         except ValueError:
-            raise ConfigError(f"{where}: cannot parse GPU range {spec!r} (use 'all', '0-3' or '0,2')") from None
+            raise ConfigError(
+                f"{where}: cannot parse GPU range {spec!r} (use 'all', '0-3' or '0,2')"
+            ) from None
         if first > last or first < 0:
             raise ConfigError(f"{where}: empty or negative GPU range {part!r}")
         indices.update(range(first, last + 1))

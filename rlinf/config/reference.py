@@ -44,7 +44,13 @@ def _rows(cls: type, prefix: str) -> list[str]:
             rows.extend(_rows(hints[f.name], key))
             continue
         shown = to_dict(value)
-        type_name = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "").replace("|", "\\|")
+        type_name = (
+            str(hints[f.name])
+            .replace("typing.", "")
+            .replace("<class '", "")
+            .replace("'>", "")
+            .replace("|", "\\|")
+        )
         rows.append(f"| `{key}` | `{type_name}` | `{shown!r}` | {docs.get(f.name, '')} |")
     return rows
 

@@ -23,7 +23,9 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class LoggerConfig:
     log_path: str | None = None  # doc: TensorBoard / resolved-config dir; null = ./logs/<experiment_name>
-    logger_backends: tuple[str, ...] = ("tensorboard",)  # doc: metric sinks (tensorboard); the console line is always printed
+    logger_backends: tuple[str, ...] = (
+        "tensorboard",
+    )  # doc: metric sinks (tensorboard); the console line is always printed
     plot: bool = True  # doc: save a PNG of reward and validation accuracy per step next to the logs
 
 

@@ -61,7 +61,9 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 return _convert(option, value, where)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}"
+        )
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
@@ -79,7 +81,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} ({value!r})")
         key_type, value_type = get_args(tp)
         return {
-            _convert(key_type, k, f"{where}.{k}"): _convert(value_type, v, f"{where}.{k}") for k, v in value.items()
+            _convert(key_type, k, f"{where}.{k}"): _convert(value_type, v, f"{where}.{k}")
+            for k, v in value.items()
         }
     return _convert_scalar(tp, value, where)
 

@@ -87,7 +87,9 @@ def check_batch_sizes(cfg: Config) -> None:
     responses = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     gbs, mbs, dp = cfg.actor.global_batch_size, cfg.actor.micro_batch_size, actor_data_parallel_size(cfg)
     if min(gbs, mbs, cfg.data.rollout_batch_size) < 1:
-        raise ConfigError("actor.global_batch_size, actor.micro_batch_size and data.rollout_batch_size must be >= 1")
+        raise ConfigError(
+            "actor.global_batch_size, actor.micro_batch_size and data.rollout_batch_size must be >= 1"
+        )
     if responses % gbs:
         raise ConfigError(
             f"actor.global_batch_size: {gbs} does not divide the {responses} responses per step "
@@ -115,7 +117,9 @@ def check_placement(cfg: Config) -> None:
         )
     if cfg.actor.training_backend == "megatron":
         m = cfg.actor.model
-        model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        model_parallel = (
+            m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        )
         if actor_gpus == 0 or actor_gpus % model_parallel:
             raise ConfigError(
                 f"actor.model: TP x PP x CP = {model_parallel} does not divide the {actor_gpus} GPU(s) placed "
@@ -128,7 +132,9 @@ def check_placement(cfg: Config) -> None:
                 f"{actor_gpus // m.pipeline_model_parallel_size} GPU(s) of a pipeline stage"
             )
         if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
-            raise ConfigError("actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1")
+            raise ConfigError(
+                "actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1"
+            )
     if cfg.rollout.rollout_backend == "sglang":
         tp = cfg.rollout.tensor_parallel_size
         if rollout_gpus == 0 or rollout_gpus % tp:
@@ -152,7 +158,9 @@ def check_runner(cfg: Config) -> None:
     if r.max_steps == 0 or r.max_steps < -1 or r.max_epochs < 1:
         raise ConfigError("runner.max_steps must be -1 or >= 1 and runner.max_epochs >= 1")
     if min(r.val_check_interval, r.save_interval) < 0 or r.keep_checkpoints < 1:
-        raise ConfigError("runner.val_check_interval/save_interval must be >= 0, runner.keep_checkpoints >= 1")
+        raise ConfigError(
+            "runner.val_check_interval/save_interval must be >= 0, runner.keep_checkpoints >= 1"
+        )
 
 
 RULES: tuple[Callable[[Config], None], ...] = (

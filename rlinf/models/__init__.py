@@ -7,8 +7,19 @@ from rlinf.models.loader import (
     load_model_config,
     load_tokenizer,
 )
-from rlinf.models.tiny import TinyModelSettings, build_tiny_checkpoint, ensure_tiny_checkpoint, resolve_model_path
-from rlinf.models.weights import WeightLoadError, iter_weight_buckets, load_weight_bucket, max_weight_diff, weights_equal
+from rlinf.models.tiny import (
+    TinyModelSettings,
+    build_tiny_checkpoint,
+    ensure_tiny_checkpoint,
+    resolve_model_path,
+)
+from rlinf.models.weights import (
+    WeightLoadError,
+    iter_weight_buckets,
+    load_weight_bucket,
+    max_weight_diff,
+    weights_equal,
+)
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",

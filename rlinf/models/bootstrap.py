@@ -36,7 +36,9 @@ def prompt_text(tokenizer: PreTrainedTokenizerBase, problem: ArithmeticProblem) 
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def encode_example(tokenizer: PreTrainedTokenizerBase, problem: ArithmeticProblem) -> tuple[list[int], list[int]]:
+def encode_example(
+    tokenizer: PreTrainedTokenizerBase, problem: ArithmeticProblem
+) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids); the response ends with EOS like a finished rollout."""
     prompt_ids = tokenizer(prompt_text(tokenizer, problem), add_special_tokens=False)["input_ids"]
     response_ids = tokenizer(problem.worked_solution, add_special_tokens=False)["input_ids"]
@@ -101,7 +103,9 @@ def greedy_accuracy(
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
         prompts = [prompt_text(tokenizer, problem) for problem in chunk]
-        inputs = tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
+        inputs = tokenizer(
+            prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
+        )
         inputs = inputs.to(model.device)
         output = model.generate(
             **inputs,
@@ -113,7 +117,10 @@ def greedy_accuracy(
         new_tokens = output[:, inputs["input_ids"].shape[1] :]
         responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     model.train(was_training)
-    correct = [grade(response, problem.record.solutions) for response, problem in zip(responses, problems, strict=True)]
+    correct = [
+        grade(response, problem.record.solutions)
+        for response, problem in zip(responses, problems, strict=True)
+    ]
     boxed = [extract_last_boxed(response) is not None for response in responses]
     count = max(len(problems), 1)
     return GreedyEval(

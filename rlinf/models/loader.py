@@ -95,7 +95,11 @@ def load_model_config(path: str) -> DeepseekV3Config:
     raw.pop("auto_map", None)
     try:
         return DeepseekV3Config.from_dict(raw)
-    except (TypeError, ValueError, StrictDataclassError) as error:  # transformers' configs validate field types
+    except (
+        TypeError,
+        ValueError,
+        StrictDataclassError,
+    ) as error:  # transformers' configs validate field types
         raise ModelLoadError(f"{config_file}: invalid config: {error}") from error
 
 
@@ -114,9 +118,7 @@ def load_causal_lm(
     config = load_model_config(path)
     directory = Path(path)
     if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILE_PATTERNS):
-        raise ModelLoadError(
-            f"{directory}: no weight files (looked for {', '.join(WEIGHT_FILE_PATTERNS)})"
-        )
+        raise ModelLoadError(f"{directory}: no weight files (looked for {', '.join(WEIGHT_FILE_PATTERNS)})")
     device = torch.device(device)
     with _skipping_mtp_layers(config):
         model, info = DeepseekV3ForCausalLM.from_pretrained(

@@ -71,7 +71,11 @@ class TinyModelSettings:
         """Names a build: every setting, the tokenizer charset and the code version."""
         from rlinf.data.synthetic import SYNTHETIC_CHARSET
 
-        payload = {"settings": dataclasses.asdict(self), "charset": SYNTHETIC_CHARSET, "code": TINY_CODE_VERSION}
+        payload = {
+            "settings": dataclasses.asdict(self),
+            "charset": SYNTHETIC_CHARSET,
+            "code": TINY_CODE_VERSION,
+        }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -174,7 +178,9 @@ def build_tiny_checkpoint(
     return out
 
 
-def ensure_tiny_checkpoint(settings: TinyModelSettings = TinyModelSettings(), cache_dir: str | Path | None = None) -> Path:
+def ensure_tiny_checkpoint(
+    settings: TinyModelSettings = TinyModelSettings(), cache_dir: str | Path | None = None
+) -> Path:
     """The bootstrapped tiny checkpoint for `settings`, built once and then reused from the cache.
 
     Lives in `<cache>/tiny/<digest>`, with `<cache>` = `cache_dir`, else `$RLINF_CACHE_DIR`, else

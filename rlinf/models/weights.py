@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+
 import torch
 from torch import nn
 
@@ -22,7 +23,9 @@ WeightSource = nn.Module | NamedTensors
 WeightBucket = list[tuple[str, torch.Tensor]]
 
 _FUSED_EXPERTS = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
-_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_WEIGHT = re.compile(
+    r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 class WeightLoadError(ValueError):

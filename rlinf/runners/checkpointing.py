@@ -62,7 +62,9 @@ class RunCheckpointer:
         if resume == "auto":
             latest = self.manager.latest()
             if latest is None:
-                logger.info("runner.resume_dir=auto: no checkpoint under %s, starting fresh", self.manager.root)
+                logger.info(
+                    "runner.resume_dir=auto: no checkpoint under %s, starting fresh", self.manager.root
+                )
             return latest
         return Path(resume)
 

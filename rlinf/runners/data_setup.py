@@ -29,7 +29,9 @@ def _records(cfg: Config, split: str) -> tuple[list[MathRecord], int]:
     paths = d.train_data_paths if split == "train" else d.val_data_paths
     if not paths:
         return [], 0
-    loaded = load_math_records(paths, prompt_key=d.prompt_key, answer_key=d.answer_key, skip_invalid=d.skip_invalid)
+    loaded = load_math_records(
+        paths, prompt_key=d.prompt_key, answer_key=d.answer_key, skip_invalid=d.skip_invalid
+    )
     return loaded.records, loaded.num_skipped
 
 

@@ -27,7 +27,9 @@ class GRPORunner:
         self.roles = roles
         self.val_set = val_set
         self.metrics = metrics
-        self.loader = PromptLoader(train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed)
+        self.loader = PromptLoader(
+            train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+        )
         self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
         self.timer = PhaseTimer()
         self.stop = StopRequest()
@@ -51,15 +53,23 @@ class GRPORunner:
             while self.step < self.total_steps and not self.stop.requested:
                 self.step += 1
                 metrics = self.train_step()
-                if r.val_check_interval > 0 and (self.step % r.val_check_interval == 0 or self.step == self.total_steps):
+                if r.val_check_interval > 0 and (
+                    self.step % r.val_check_interval == 0 or self.step == self.total_steps
+                ):
                     metrics.update(self.validate())
                 self.metrics.log(metrics, step=self.step)
-                print(progress_line(self.step, self.total_steps, metrics, time.perf_counter() - started), flush=True)
+                print(
+                    progress_line(self.step, self.total_steps, metrics, time.perf_counter() - started),
+                    flush=True,
+                )
                 if r.save_interval > 0 and self.step % r.save_interval == 0:
                     self.checkpointer.save(self.step)
         last = self.checkpointer.save(self.step)
         if self.stop.requested:
-            print(f"stopped by {self.stop.signal_name} after step {self.step}; checkpoint saved to {last}", flush=True)
+            print(
+                f"stopped by {self.stop.signal_name} after step {self.step}; checkpoint saved to {last}",
+                flush=True,
+            )
         return last
 
     def train_step(self) -> dict[str, float]:
@@ -67,7 +77,9 @@ class GRPORunner:
         step_start = time.perf_counter()
         prompts = self.loader.next_batch()
         with self.timer.phase("rollout"):
-            batch = roles.rollout.call_rank0("generate", prompts, a.group_size, self.sampling, self._seed("rollout"))
+            batch = roles.rollout.call_rank0(
+                "generate", prompts, a.group_size, self.sampling, self._seed("rollout")
+            )
         with self.timer.phase("reward"):
             batch = roles.reward.call_rank0("score", batch)
         advantages = compute_advantages(
@@ -81,7 +93,9 @@ class GRPORunner:
         with self.timer.phase("weight_sync"):
             sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb)
         metrics = {**rollout_metrics(batch), **advantages.metrics, **actor_metrics}
-        metrics.update(logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask))
+        metrics.update(
+            logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask)
+        )
         metrics.update(self.timer.pop())
         metrics["time/step"] = time.perf_counter() - step_start
         metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]

@@ -91,7 +91,9 @@ class WorkerGroup:
                 raise WorkerDiedError(f"{self.role} worker (rank {rank}) died: {_first_line(err)}") from None
             except RayTaskError as err:
                 cause = err.cause if getattr(err, "cause", None) is not None else err
-                raise WorkerError(f"{self.role} worker (rank {rank}) failed: {type(cause).__name__}: {cause}") from cause
+                raise WorkerError(
+                    f"{self.role} worker (rank {rank}) failed: {type(cause).__name__}: {cause}"
+                ) from cause
         return results
 
     def kill(self) -> None:

@@ -66,7 +66,9 @@ def check_complete(path: Path) -> None:
     if not path.is_dir():
         raise CheckpointError(f"{path}: checkpoint directory does not exist")
     if not (path / COMPLETE_MARKER).is_file():
-        raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE_MARKER} marker; the save was interrupted)")
+        raise CheckpointError(
+            f"{path}: incomplete checkpoint (no {COMPLETE_MARKER} marker; the save was interrupted)"
+        )
 
 
 def load_hf_weights_into(model, directory: Path) -> None:

@@ -41,7 +41,9 @@ def missing_backend_packages(cfg: Config) -> list[str]:
         key = "training_backend" if role == "actor" else "rollout_backend"
         for module, package in REQUIRED_PACKAGES.get((role, backend), ()):
             if importlib.util.find_spec(module.split(".")[0]) is None or _missing(module):
-                problems.append(f"{role}.{key}={backend} needs the Python package '{package}' ({module}), not installed")
+                problems.append(
+                    f"{role}.{key}={backend} needs the Python package '{package}' ({module}), not installed"
+                )
         if not problems and (role, backend) in NOT_YET_AVAILABLE:
             problems.append(f"{role}.{key}={backend}: this release does not ship that backend yet")
     return problems

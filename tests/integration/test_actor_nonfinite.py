@@ -19,9 +19,13 @@ def actor_and_batch(random_tiny_checkpoint, tmp_path):
     cfg = small_config(random_tiny_checkpoint, tmp_path, **{"runner.max_consecutive_skips": 2})
     train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
     rollout = TorchRollout(cfg)
-    batch = rollout.generate(list(train)[:4], 4, SamplingParams.from_config(cfg.algorithm.sampling_params), seed=0)
+    batch = rollout.generate(
+        list(train)[:4], 4, SamplingParams.from_config(cfg.algorithm.sampling_params), seed=0
+    )
     rewards = torch.arange(len(batch), dtype=torch.float32) % 2
-    batch = replace(batch, rewards=rewards, advantages=compute_advantages("grpo", rewards, batch.group_index).advantages)
+    batch = replace(
+        batch, rewards=rewards, advantages=compute_advantages("grpo", rewards, batch.group_index).advantages
+    )
     actor = TorchActor(cfg)
     return actor, actor.compute_logprobs(batch)
 
@@ -35,7 +39,9 @@ def test_nan_loss_skips_the_step_then_aborts(actor_and_batch):
     after = actor.named_weights()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped step must not touch the weights"
     assert all(p.grad is None for p in actor.model.parameters())
-    with pytest.raises(TrainingDivergedError, match=r"3 consecutive optimizer steps .*runner\.max_consecutive_skips=2"):
+    with pytest.raises(
+        TrainingDivergedError, match=r"3 consecutive optimizer steps .*runner\.max_consecutive_skips=2"
+    ):
         actor.train(poisoned, step=2)
 
 

@@ -74,8 +74,8 @@ def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoi
     from dataclasses import replace
 
     from rlinf.algorithms import compute_advantages
-    from rlinf.runners.data_setup import build_datasets
     from rlinf.models.loader import load_tokenizer
+    from rlinf.runners.data_setup import build_datasets
     from rlinf.scheduler.roles import launch_roles
     from rlinf.weight_sync import sync_weights
     from rlinf.workers.rollout.sampling import SamplingParams

@@ -19,7 +19,11 @@ def _free_port() -> int:
 
 def _run(script: str, *args: str, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(REPO / "ray_utils" / script), *args], env=env, capture_output=True, text=True, timeout=timeout
+        ["bash", str(REPO / "ray_utils" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

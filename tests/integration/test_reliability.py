@@ -34,9 +34,14 @@ def test_resumed_run_repeats_the_uninterrupted_one(random_tiny_checkpoint, tmp_p
     common = {"runner.max_steps": 4, "runner.save_interval": 2, "actor.optim.lr": 1e-2}
     assert run(small_config(random_tiny_checkpoint, tmp_path / "full", **common)) == 0
     # the same run, stopped after step 2 ...
-    assert run(small_config(random_tiny_checkpoint, tmp_path / "split", **{**common, "runner.max_steps": 2})) == 0
+    assert (
+        run(small_config(random_tiny_checkpoint, tmp_path / "split", **{**common, "runner.max_steps": 2}))
+        == 0
+    )
     # ... and resumed from its latest checkpoint
-    resumed = small_config(random_tiny_checkpoint, tmp_path / "split", **{**common, "runner.resume_dir": "auto"})
+    resumed = small_config(
+        random_tiny_checkpoint, tmp_path / "split", **{**common, "runner.resume_dir": "auto"}
+    )
     assert run(resumed) == 0
     full, split = _history(tmp_path / "full" / "logs"), _history(tmp_path / "split" / "logs")
     for step in (3, 4):
@@ -109,7 +114,9 @@ def test_corrupt_checkpoint_on_resume_names_the_file(random_tiny_checkpoint, tmp
     checkpoint = tmp_path / "results" / "it" / "checkpoints" / "step_1"
     weights = checkpoint / "actor" / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    resumed = small_config(random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 2, "runner.resume_dir": "auto"})
+    resumed = small_config(
+        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 2, "runner.resume_dir": "auto"}
+    )
     assert run(resumed) == 1  # stops with the message; nothing new is written
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["step_1"]
 
@@ -121,5 +128,7 @@ def test_incompatible_checkpoint_is_refused(random_tiny_checkpoint, tmp_path, ra
     other = small_config(
         random_tiny_checkpoint, tmp_path, **{"runner.resume_dir": "auto", "algorithm.group_size": 2}
     )
-    with pytest.raises(CheckpointError, match=r"resolved_config.yaml: incompatible checkpoint: algorithm.group_size"):
+    with pytest.raises(
+        CheckpointError, match=r"resolved_config.yaml: incompatible checkpoint: algorithm.group_size"
+    ):
         run(other)

@@ -23,7 +23,9 @@ def test_every_recipe_yaml_parses_and_validates():
 
 
 def test_named_recipe_and_overrides():
-    cfg = load_config("tiny-moe-grpo-cpu", ["algorithm.group_size=16", "runner.seed=7", "actor.optim.lr=3e-4"])
+    cfg = load_config(
+        "tiny-moe-grpo-cpu", ["algorithm.group_size=16", "runner.seed=7", "actor.optim.lr=3e-4"]
+    )
     assert cfg.algorithm.group_size == 16
     assert cfg.runner.seed == 7
     assert cfg.actor.optim.lr == pytest.approx(3e-4)
@@ -35,7 +37,11 @@ def test_named_recipe_and_overrides():
 def test_moonlight_recipe_fields():
     cfg = load_config("moonlight-16b-grpo-megatron")
     m = cfg.actor.model
-    assert (m.tensor_model_parallel_size, m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (8, 8, 1)
+    assert (m.tensor_model_parallel_size, m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (
+        8,
+        8,
+        1,
+    )
     assert m.sequence_parallel and m.multi_latent_attention and m.moe_token_dispatcher_type == "alltoall"
     assert cfg.actor.optim.use_precision_aware_optimizer and cfg.actor.optim.lr == pytest.approx(1e-6)
     assert cfg.rollout.rollout_backend == "sglang" and cfg.rollout.sglang.enable_ep_moe

@@ -71,7 +71,9 @@ def test_one_token_per_character(tokenizer) -> None:
 
 def test_special_tokens_are_single_ids_and_unknowns_are_kept(tokenizer) -> None:
     for token in SPECIAL_TOKENS:
-        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [
+            tokenizer.convert_tokens_to_ids(token)
+        ]
     assert tokenizer("1%2", add_special_tokens=False)["input_ids"][1] == tokenizer.unk_token_id
     assert tokenizer.padding_side == "left"
 
@@ -107,7 +109,11 @@ def test_checkpoint_loads_with_plain_transformers(tmp_path: Path) -> None:
     assert config.norm_topk_prob and not config.tie_word_embeddings and config.num_nextn_predict_layers == 0
     assert (config.scoring_func, config.topk_method) == ("sigmoid", "noaux_tc")
     assert config.vocab_size == len(tokenizer)
-    assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert (
+        model.generation_config.eos_token_id
+        == tokenizer.eos_token_id
+        == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    )
     assert model.generation_config.pad_token_id == tokenizer.pad_token_id
     report = json.loads((out / BUILD_REPORT).read_text())
     assert report["parameters"] == sum(p.numel() for p in model.parameters()) and not report["bootstrapped"]
@@ -116,7 +122,9 @@ def test_checkpoint_loads_with_plain_transformers(tmp_path: Path) -> None:
 def test_build_is_deterministic(tmp_path: Path) -> None:
     first = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "a", QUICK)))
     second = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "b", QUICK)))
-    other_seed = load_causal_lm(str(build_tiny_checkpoint(tmp_path / "c", dataclasses.replace(QUICK, seed=1))))
+    other_seed = load_causal_lm(
+        str(build_tiny_checkpoint(tmp_path / "c", dataclasses.replace(QUICK, seed=1)))
+    )
     first_state, second_state = first.state_dict(), second.state_dict()
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
     assert not torch.equal(first_state["lm_head.weight"], other_seed.state_dict()["lm_head.weight"])

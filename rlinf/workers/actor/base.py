@@ -32,8 +32,10 @@ class ActorWorker(ABC):
     def load(self, directory: str) -> None:
         """Restore what save wrote; errors name the missing or corrupt file."""
 
+    @abstractmethod
     def offload(self) -> None:
         """Colocated runs: free accelerator memory for the rollout phase."""
 
+    @abstractmethod
     def onload(self) -> None:
         """Bring weights/optimizer back before compute_logprobs/train."""

@@ -52,7 +52,8 @@ class TorchActor(ActorWorker):
             weight_decay=o.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
+            self.optimizer,
+            lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps),
         )
         self.consecutive_skips = 0
         self.total_skips = 0
@@ -97,7 +98,9 @@ class TorchActor(ActorWorker):
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         a, actor = self.cfg.algorithm, self.cfg.actor
         self.model.train()
-        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.cfg.runner.seed + step))
+        order = torch.randperm(
+            len(batch), generator=torch.Generator().manual_seed(self.cfg.runner.seed + step)
+        )
         shuffled = batch.select(order)
         per_minibatch, early_stopped, skipped = [], 0, 0
         for minibatch in shuffled.split(actor.global_batch_size):
@@ -165,6 +168,22 @@ class TorchActor(ActorWorker):
             for bucket in iter_weight_buckets(self.model, bucket_bytes)
         ]
 
+    def offload(self) -> None:
+        if self.device.type == "cuda":
+            self._move_to(torch.device("cpu"))
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if self.device.type == "cuda":
+            self._move_to(self.device)
+
+    def _move_to(self, device: torch.device) -> None:
+        self.model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
 
@@ -205,4 +224,7 @@ def _mean_of(dicts: list[dict[str, float]]) -> dict[str, float]:
     if not dicts:
         return {}
     keys = dicts[0].keys()
-    return {k: (max(d[k] for d in dicts) if k.endswith("_max") else sum(d[k] for d in dicts) / len(dicts)) for k in keys}
+    return {
+        k: (max(d[k] for d in dicts) if k.endswith("_max") else sum(d[k] for d in dicts) / len(dicts))
+        for k in keys
+    }

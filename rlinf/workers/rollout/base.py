@@ -25,8 +25,10 @@ class RolloutWorker(ABC):
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         """Load the actor's weights (HF names) into the engine."""
 
+    @abstractmethod
     def sleep(self) -> None:
         """Colocated runs: release accelerator memory during training."""
 
+    @abstractmethod
     def wake(self) -> None:
         """Re-acquire memory before generate."""

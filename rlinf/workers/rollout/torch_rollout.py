@@ -35,7 +35,9 @@ class TorchRollout(RolloutWorker):
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
 
-    def generate(self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int) -> RolloutBatch:
+    def generate(
+        self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
         repeated = [item for item in prompts for _ in range(n)]
         generator = torch.Generator(device=self.device).manual_seed(seed)
         out = sample(
