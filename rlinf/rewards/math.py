@@ -24,7 +24,13 @@ from functools import lru_cache
 import sympy
 from math_verify import LatexExtractionConfig, parse, verify
 
-from rlinf.rewards.normalize import as_fraction, choice_letter, normalize_answer, numeric_sequence
+from rlinf.rewards.normalize import (
+    as_fraction,
+    choice_letter,
+    closing_brace,
+    normalize_answer,
+    numeric_sequence,
+)
 
 # Only the end of a response is searched for the final box, so a 200k-character
 # response costs no more than a short one.
@@ -63,18 +69,6 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
 
 
-def _closing_brace(text: str, open_idx: int) -> int:
-    depth = 0
-    for i in range(open_idx, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
-
-
 def extract_last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} or \\fbox{...} (or "\\boxed 5") in text, else None.
 
@@ -89,7 +83,7 @@ def extract_last_boxed(text: str) -> str | None:
     stripped = rest.lstrip()
     if stripped.startswith("{"):
         start = len(rest) - len(stripped)
-        end = _closing_brace(rest, start)
+        end = closing_brace(rest, start)
         return rest[start + 1 : end] if end >= 0 else None
     if stripped is rest:  # "\boxedx" is not a box
         return None
@@ -113,7 +107,7 @@ def _exponents(s: str):
     for m in re.finditer(r"\^\s*", s):
         start = m.end()
         if start < len(s) and s[start] == "{":
-            end = _closing_brace(s, start)
+            end = closing_brace(s, start)
             end = len(s) - 1 if end < 0 else end
             yield s[start + 1 : end], s[end + 1 :]
         else:

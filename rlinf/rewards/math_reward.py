@@ -47,16 +47,13 @@ class RewardResult:
 def _worker_main(conn: Connection) -> None:
     for response, solutions in _WARM_UP:
         grade(response, solutions)
-    conn.send("ready")
-    while True:
-        try:
-            chunk = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if chunk is None:
-            return
-        for index, response, solutions in chunk:
-            conn.send((index, grade(response, solutions)))
+    try:
+        conn.send("ready")
+        while (chunk := conn.recv()) is not None:
+            for index, response, solutions in chunk:
+                conn.send((index, grade(response, solutions)))
+    except (EOFError, BrokenPipeError):  # the parent is gone
+        return
 
 
 class _Worker:
@@ -112,7 +109,15 @@ class MathReward:
         with self._lock:
             if self._closed:
                 raise RuntimeError("MathReward is closed")
-            correct, timeouts = self._grade_all(items)
+            try:
+                correct, timeouts = self._grade_all(items)
+            except BaseException:
+                # Interrupted mid-batch (e.g. KeyboardInterrupt): workers still busy with this
+                # batch would send its results into the next one, so replace them.
+                for slot, w in enumerate(self._workers):
+                    if w.pending:
+                        self._replace(slot)
+                raise
         rewards = [self.reward_scale if ok else -self.reward_scale for ok in correct]
         return RewardResult(rewards=rewards, correct=correct, timeouts=timeouts)
 

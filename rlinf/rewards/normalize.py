@@ -40,7 +40,7 @@ _MIXED = re.compile(r"^(\d+)\\frac\{(\d+)\}\{(\d+)\}$")
 _SCI = re.compile(rf"^({_NUMBER})(?:\\times|\\cdot)10\^\{{?([+-]?\d{{1,3}})\}}?$")
 
 
-def _match_brace(text: str, open_idx: int) -> int:
+def closing_brace(text: str, open_idx: int) -> int:
     """Index of the brace closing the one at open_idx, or -1 if unbalanced."""
     depth = 0
     for i in range(open_idx, len(text)):
@@ -56,7 +56,7 @@ def _match_brace(text: str, open_idx: int) -> int:
 def _strip_text_commands(s: str) -> str:
     """Unwrap \\text{...}-like commands; drop them when they are trailing units or connectives."""
     while m := _TEXT_CMD.search(s):
-        end = _match_brace(s, m.end() - 1)
+        end = closing_brace(s, m.end() - 1)
         if end < 0:
             return s
         content = s[m.end() : end]

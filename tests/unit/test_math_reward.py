@@ -85,6 +85,16 @@ def test_a_stuck_item_times_out_and_its_worker_is_replaced(reward):
     assert again.timeouts == 0
 
 
+def test_a_worker_that_died_while_idle_is_replaced(reward):
+    victim = reward._workers[0].process
+    victim.kill()
+    victim.join(timeout=10)
+    result = reward.score([f"\\boxed{{{i}}}" for i in range(50)], [[str(i)] for i in range(50)])
+    assert result.correct == [True] * 50
+    assert result.timeouts == 0
+    assert victim.pid not in _worker_pids(reward)
+
+
 def test_several_stuck_items_in_one_batch_are_each_counted():
     with MathReward(reward_scale=1.0, timeout_s=0.5, num_workers=1) as r:
         result = r.score(
