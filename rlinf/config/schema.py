@@ -81,10 +81,10 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class SyntheticDataConfig:
-    digits: int = 2  # doc: max digits of each operand
+    digits: int = 1  # doc: max digits of each operand
     operations: tuple[str, ...] = ("+", "-")  # doc: operators drawn from + - *
     steps: int = 2  # doc: operations per problem
-    num_train: int = 4096  # doc: training problems
+    num_train: int = 3000  # doc: training problems
     num_val: int = 128  # doc: validation problems (disjoint from training)
 
 

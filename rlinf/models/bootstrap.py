@@ -82,7 +82,7 @@ def supervised_warm_start(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        progress.set_postfix(loss=f"{losses[-1]:.3f}")
+        progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.eval()
     return losses
 

@@ -95,11 +95,8 @@ def load_model_config(path: str) -> DeepseekV3Config:
     raw.pop("auto_map", None)
     try:
         return DeepseekV3Config.from_dict(raw)
-    except (
-        TypeError,
-        ValueError,
-        StrictDataclassError,
-    ) as error:  # transformers' configs validate field types
+    # transformers' configs check field types (strict dataclasses) and some cross-field rules
+    except (TypeError, ValueError, StrictDataclassError) as error:
         raise ModelLoadError(f"{config_file}: invalid config: {error}") from error
 
 
@@ -119,14 +116,13 @@ def load_causal_lm(
     directory = Path(path)
     if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILE_PATTERNS):
         raise ModelLoadError(f"{directory}: no weight files (looked for {', '.join(WEIGHT_FILE_PATTERNS)})")
-    device = torch.device(device)
     with _skipping_mtp_layers(config):
         model, info = DeepseekV3ForCausalLM.from_pretrained(
             directory,
             config=config,
             dtype=PRECISION_DTYPES[precision],
             attn_implementation="sdpa",
-            experts_implementation=experts_implementation(device),
+            experts_implementation=experts_implementation(),
             output_loading_info=True,
         )
     mismatched = {kind: sorted(info[kind]) for kind in ("missing_keys", "unexpected_keys") if info[kind]}
@@ -134,7 +130,7 @@ def load_causal_lm(
         details = "; ".join(f"{kind}: {', '.join(keys[:8])}" for kind, keys in mismatched.items())
         raise ModelLoadError(f"{directory}: checkpoint weights do not match its config.json ({details})")
     # Loading straight onto a device needs `accelerate` (device_map); the CPU detour avoids that.
-    return model.to(device).eval()
+    return model.to(torch.device(device)).eval()
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -148,7 +144,7 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedT
         raise ModelLoadError(f"{directory}: cannot load the tokenizer: {error}") from error
 
 
-def experts_implementation(device: torch.device) -> str:
+def experts_implementation() -> str:
     """How the routed experts run: transformers' grouped_mm where the torch build has the op.
 
     grouped_mm runs every expert's tokens in one kernel (no per-expert Python loop) on CUDA and

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCa
 from rlinf.models import ModelLoadError, load_causal_lm, load_model_config, load_tokenizer
 from rlinf.models.tiny import TinyModelSettings, build_tiny_checkpoint
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 
 MOONLIGHT_CONFIG = Path(__file__).parents[1] / "fixtures" / "moonlight-16b-a3b-config.json"
 SMALL = TinyModelSettings(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3ForCausalLM
 
 from rlinf.data.synthetic import SYNTHETIC_CHARSET, generate_arithmetic
-from rlinf.models import load_causal_lm, load_tokenizer
+from rlinf.models import load_causal_lm, load_tokenizer, tiny
 from rlinf.models.bootstrap import encode_example, greedy_accuracy
 from rlinf.models.tiny import (
     BUILD_REPORT,
@@ -26,7 +27,7 @@ from rlinf.models.tiny import (
 from rlinf.models.tiny_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
 from rlinf.rewards.math import extract_last_boxed
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 
 # Stated range of the bootstrapped model's greedy validation accuracy (docs/models.md).
 ACCURACY_RANGE = (0.15, 0.60)
@@ -137,8 +138,21 @@ def test_cache_builds_once_per_settings(tmp_path: Path) -> None:
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_checkpoint(QUICK, cache_dir=tmp_path) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
-    assert ensure_tiny_checkpoint(dataclasses.replace(QUICK, lr=1e-3), cache_dir=tmp_path) != path
-    assert not [entry.name for entry in (tmp_path / "tiny").iterdir() if ".tmp-" in entry.name]
+    assert ensure_tiny_checkpoint(dataclasses.replace(QUICK, lr=QUICK.lr * 2), cache_dir=tmp_path) != path
+    assert not [entry.name for entry in (tmp_path / "tiny").iterdir() if entry.name.endswith(".tmp")]
+
+
+def test_concurrent_callers_share_one_build(tmp_path: Path, monkeypatch) -> None:
+    builds: list[Path] = []
+
+    def counting_build(out_dir: Path, settings: TinyModelSettings) -> Path:
+        builds.append(out_dir)
+        return build_tiny_checkpoint(out_dir, settings)
+
+    monkeypatch.setattr(tiny, "build_tiny_checkpoint", counting_build)
+    with ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: ensure_tiny_checkpoint(QUICK, cache_dir=tmp_path), range(3)))
+    assert len(builds) == 1 and len(set(paths)) == 1
 
 
 def test_resolve_model_path_passes_other_paths_through() -> None:

@@ -21,7 +21,7 @@ from rlinf.models.weights import (
     weights_equal,
 )
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 
 SMALL = TinyModelSettings(
     hidden_size=32,
