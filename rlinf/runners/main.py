@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rlinf.config import DEFAULT_RECIPE, ConfigError, load_config, save_resolved_config
@@ -41,6 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg)
 
 
+def with_resolved_model_paths(cfg, resolve):
+    actor_model = replace(cfg.actor.model, model_path=resolve(cfg.actor.model.model_path))
+    rollout_model = replace(cfg.rollout.model, model_path=resolve(cfg.rollout.model.model_path))
+    return replace(
+        cfg,
+        actor=replace(cfg.actor, model=actor_model),
+        rollout=replace(cfg.rollout, model=rollout_model),
+    )
+
+
 def describe_failure(err: Exception, last_good: Path | None) -> str:
     return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
 
@@ -57,10 +68,12 @@ def run(cfg) -> int:
     from rlinf.utils.metrics import MetricLogger
     from rlinf.utils.plot import plot_training_curves
 
+    # Built (or fetched from cache) here, so its progress bar shows in this console; the workers
+    # then load the concrete directory.
+    cfg = with_resolved_model_paths(cfg, resolve_model_path)
+    model_path = cfg.actor.model.model_path
     log_path = Path(cfg.runner.logger.log_path)
     save_resolved_config(cfg, log_path)
-    # Built (or fetched from cache) here, so its progress bar shows in this console.
-    model_path = resolve_model_path(cfg.actor.model.model_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
     train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
     metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)

@@ -171,3 +171,13 @@ def test_gpu_recipe_on_cpu_names_missing_backend():
     assert "actor.training_backend=megatron needs the Python package 'megatron-core'" in proc.stderr
     assert "rollout.rollout_backend=sglang needs the Python package 'sglang'" in proc.stderr
     assert "requirements/install.sh" in proc.stderr
+
+
+def test_tiny_recipe_trains_on_the_task_the_tiny_model_was_warm_started_on():
+    from rlinf.models.tiny import TINY_URI, TinyModelSettings
+
+    cfg = load_config("tiny-moe-grpo-cpu")
+    tiny = TinyModelSettings()
+    assert cfg.actor.model.model_path == TINY_URI
+    task = cfg.data.synthetic
+    assert (task.digits, task.operations, task.steps) == (tiny.digits, tiny.operations, tiny.steps)
