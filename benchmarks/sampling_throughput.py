@@ -13,38 +13,18 @@ import json
 import time
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV3ForCausalLM
 
+from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
 from rlinf.workers.rollout.sampling import SamplingParams, sample
 
 PAD, EOS = 0, 1
 
 
 def tiny_model(device: str) -> DeepseekV3ForCausalLM:
-    config = DeepseekV3Config(
-        vocab_size=64,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=None,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-    )
-    return DeepseekV3ForCausalLM(config).float().eval().to(device)
+    """The tiny model's sizes, with one shared expert; seeded random weights."""
+    settings = TinyModelSettings(n_shared_experts=1, max_position_embeddings=256)
+    return random_deepseek_v3(settings, vocab_size=64, seed=0, pad_token_id=PAD, eos_token_id=EOS).to(device)
 
 
 def random_prompts(num: int, generator: torch.Generator) -> list[list[int]]:
@@ -93,7 +73,6 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     model = tiny_model(args.device)
     prompts = random_prompts(args.prompts, torch.Generator().manual_seed(1))
     tokens = args.prompts * args.new_tokens

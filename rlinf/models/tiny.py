@@ -25,12 +25,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from transformers import DeepseekV3Config, PreTrainedModel, PreTrainedTokenizerFast
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 # Bump when a change to this package changes what a build with the same settings produces.
 TINY_CODE_VERSION = 1
@@ -82,11 +82,31 @@ class TinyModelSettings:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def tiny_model_config(settings: TinyModelSettings, tokenizer: PreTrainedTokenizerFast) -> DeepseekV3Config:
+# The same structure smaller still, for tests that need a real DeepSeek-V3 (checkpoint layout, MLA,
+# MoE routing) in milliseconds rather than a model that has learned anything.
+SMALL_SETTINGS = TinyModelSettings(
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=8,
+)
+
+
+def deepseek_v3_config(settings: TinyModelSettings, *, vocab_size: int, **overrides: Any) -> DeepseekV3Config:
+    """A DeepSeek-V3 config of Moonlight's structure at the sizes in `settings`.
+
+    `overrides` are further DeepseekV3Config fields (token ids, `initializer_range`, ...) and win over
+    the ones set here.
+    """
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(
-        vocab_size=len(tokenizer),
+    fields: dict[str, Any] = dict(
+        vocab_size=vocab_size,
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
         moe_intermediate_size=settings.moe_intermediate_size,
@@ -111,14 +131,36 @@ def tiny_model_config(settings: TinyModelSettings, tokenizer: PreTrainedTokenize
         max_position_embeddings=settings.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
         rms_norm_eps=1e-5,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         # Not read by transformers (its routing is always this), but by other DeepSeek-V3 readers
         # (SGLang, Megatron-Bridge), as in Moonlight's config.json.
         scoring_func="sigmoid",
         topk_method="noaux_tc",
     )
+    return DeepseekV3Config(**(fields | overrides))
+
+
+def tiny_model_config(settings: TinyModelSettings, tokenizer: PreTrainedTokenizerFast) -> DeepseekV3Config:
+    return deepseek_v3_config(
+        settings,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def random_deepseek_v3(
+    settings: TinyModelSettings, *, vocab_size: int, seed: int = 0, **overrides: Any
+) -> DeepseekV3ForCausalLM:
+    """A seeded random fp32 model of `deepseek_v3_config(settings, ...)`, in eval mode.
+
+    For tests and benchmarks that need a real DeepSeek-V3 forward pass, not one that has learned anything.
+    """
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = deepseek_v3_config(settings, vocab_size=vocab_size, **overrides)
+    return DeepseekV3ForCausalLM(config).float().eval()
 
 
 def build_tiny_checkpoint(

@@ -2,40 +2,20 @@ import math
 from types import SimpleNamespace
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV3ForCausalLM
 
 from rlinf.models.logprobs import positions_from_mask, response_logprobs
+from rlinf.models.tiny import SMALL_SETTINGS, random_deepseek_v3
 
 torch.set_num_threads(2)
 PAD = 0
 
 
 def tiny_deepseek_v3(seed: int = 0) -> DeepseekV3ForCausalLM:
-    torch.manual_seed(seed)
-    config = DeepseekV3Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        max_position_embeddings=128,
-        pad_token_id=PAD,
-        initializer_range=0.2,  # peaked distributions, so wrong positions show up in the logprobs
+    # initializer_range 0.2: peaked distributions, so wrong positions show up in the logprobs.
+    return random_deepseek_v3(
+        SMALL_SETTINGS, vocab_size=64, seed=seed, pad_token_id=PAD, initializer_range=0.2
     )
-    return DeepseekV3ForCausalLM(config).float().eval()
 
 
 class BigramLM(torch.nn.Module):

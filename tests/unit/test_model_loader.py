@@ -13,22 +13,12 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
 from rlinf.models import ModelLoadError, load_causal_lm, load_model_config, load_tokenizer
-from rlinf.models.tiny import TinyModelSettings, build_tiny_checkpoint
+from rlinf.models.tiny import SMALL_SETTINGS as SMALL
+from rlinf.models.tiny import build_tiny_checkpoint
 
 torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 
 MOONLIGHT_CONFIG = Path(__file__).parents[1] / "fixtures" / "moonlight-16b-a3b-config.json"
-SMALL = TinyModelSettings(
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=2,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
-    v_head_dim=8,
-)
 
 
 @pytest.fixture(scope="module")

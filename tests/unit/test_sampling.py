@@ -2,10 +2,11 @@ import math
 
 import pytest
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import DeepseekV3ForCausalLM
 
 from rlinf.config.schema import SamplingConfig
 from rlinf.models.logprobs import response_logprobs
+from rlinf.models.tiny import SMALL_SETTINGS, random_deepseek_v3
 from rlinf.workers.rollout.sampling import (
     SamplingParams,
     choose_next_tokens,
@@ -21,34 +22,12 @@ PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20], [30, 31, 32, 33], [40, 4
 
 def tiny_deepseek_v3(eos_bias: float | None = None, seed: int = 0) -> DeepseekV3ForCausalLM:
     """Random tiny DeepSeek-V3; `eos_bias` adds an lm_head bias on EOS to steer when rows stop."""
-    torch.manual_seed(seed)
-    config = DeepseekV3Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        max_position_embeddings=128,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        initializer_range=0.2,  # peaked distributions, so greedy paths and wrong positions are distinct
+    # initializer_range 0.2: peaked distributions, so greedy paths and wrong positions are distinct.
+    model = random_deepseek_v3(
+        SMALL_SETTINGS, vocab_size=64, seed=seed, pad_token_id=PAD, eos_token_id=EOS, initializer_range=0.2
     )
-    model = DeepseekV3ForCausalLM(config).float().eval()
     if eos_bias is not None:
-        biased_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        biased_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
         with torch.no_grad():
             biased_head.weight.copy_(model.lm_head.weight)
             biased_head.bias.zero_()

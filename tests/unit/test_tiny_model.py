@@ -17,6 +17,7 @@ from rlinf.models import load_causal_lm, load_tokenizer, tiny
 from rlinf.models.bootstrap import encode_example, greedy_accuracy
 from rlinf.models.tiny import (
     BUILD_REPORT,
+    SMALL_SETTINGS,
     TINY_URI,
     TinyModelSettings,
     build_tiny_checkpoint,
@@ -32,16 +33,9 @@ torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits 
 # Stated range of the bootstrapped model's greedy validation accuracy (docs/models.md).
 ACCURACY_RANGE = (0.15, 0.60)
 # A build small enough for a few seconds: for layout and cache tests, not for accuracy.
-QUICK = TinyModelSettings(
-    hidden_size=32,
+QUICK = dataclasses.replace(
+    SMALL_SETTINGS,
     num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
-    v_head_dim=8,
     num_train_problems=64,
     num_val_problems=4,
     train_steps=2,

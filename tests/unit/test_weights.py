@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from transformers import DeepseekV3ForCausalLM
 
 from rlinf.models.loader import load_causal_lm
-from rlinf.models.tiny import TinyModelSettings, tiny_model_config
+from rlinf.models.tiny import SMALL_SETTINGS as SMALL
+from rlinf.models.tiny import tiny_model_config
 from rlinf.models.tiny_tokenizer import build_char_tokenizer
 from rlinf.models.weights import (
     WeightLoadError,
@@ -23,17 +24,6 @@ from rlinf.models.weights import (
 
 torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 
-SMALL = TinyModelSettings(
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=2,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
-    v_head_dim=8,
-)
 EXPERT = "model.layers.1.mlp.experts"
 BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
 
