@@ -4,6 +4,11 @@
 set -euo pipefail
 WANT="${1:?usage: check_ray.sh NUM_GPUS}"
 TIMEOUT="${CHECK_RAY_TIMEOUT:-600}"
+# `ray start` enables token authentication and writes ~/.ray/auth_token, but a client given an
+# explicit address defaults to no token: send it when it exists.
+if [[ -z "${RAY_AUTH_MODE:-}" && -f "${HOME}/.ray/auth_token" ]]; then
+  export RAY_AUTH_MODE=token
+fi
 waited=0
 while true; do
   have="$(python - <<PY 2>/dev/null || echo -1

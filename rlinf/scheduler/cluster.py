@@ -35,6 +35,10 @@ def init_ray(num_gpus: int) -> bool:
     address = cluster_address()
     if address:
         logger.info("connecting to Ray cluster at %s", address)
+        # `ray start` enables token auth and writes this file; a client given an explicit address
+        # would otherwise connect without the token and be refused.
+        if (Path.home() / ".ray" / "auth_token").is_file():
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return True
     logger.info("starting a local Ray cluster (%d CPUs, %d GPUs)", os.cpu_count() or 1, num_gpus)

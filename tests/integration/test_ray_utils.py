@@ -1,6 +1,7 @@
 """ray_utils scripts on one machine: head start + address file, GPU check, worker wait timeout."""
 
 import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -43,13 +44,13 @@ def test_head_writes_address_and_check_ray_sees_the_cluster(tmp_path):
         "RANK": "0",
         "RAY_PORT": str(port),
         "RAY_HEAD_IP_FILE": str(head_file),
-        "RAY_NODE_IP": "127.0.0.1",
     }
     try:
         proc = _run("start_ray.sh", env=env)
         assert proc.returncode == 0, proc.stderr
-        assert head_file.read_text().strip() == "127.0.0.1"
-        check_env = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}", "CHECK_RAY_TIMEOUT": "5"}
+        head_ip = head_file.read_text().strip()
+        assert head_ip and head_ip != "10.9.9.9"
+        check_env = {**env, "RAY_ADDRESS": f"{head_ip}:{port}", "CHECK_RAY_TIMEOUT": "5"}
         ready = _run("check_ray.sh", "0", env=check_env)
         assert ready.returncode == 0, ready.stderr
         assert "Ray cluster ready: 0 GPU(s)" in ready.stdout
@@ -62,8 +63,22 @@ def test_head_writes_address_and_check_ray_sees_the_cluster(tmp_path):
         os.environ["RAY_HEAD_IP_FILE"] = str(head_file)
         os.environ["RAY_PORT"] = str(port)
         try:
-            assert cluster.cluster_address() == f"127.0.0.1:{port}"
+            assert cluster.cluster_address() == f"{head_ip}:{port}"
         finally:
             del os.environ["RAY_HEAD_IP_FILE"], os.environ["RAY_PORT"]
     finally:
-        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+        # Stop exactly this cluster (its processes name its port); `ray stop` would also stop any
+        # other Ray cluster on the machine, e.g. the test session's own.
+        _kill_processes_mentioning(f":{port}", f"--gcs_server_port={port}")
+
+
+def _kill_processes_mentioning(*texts: str) -> None:
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if any(text in cmdline for text in texts):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
