@@ -43,6 +43,7 @@ def init_ray(num_gpus: int) -> bool:
         return True
     logger.info("starting a local Ray cluster (%d CPUs, %d GPUs)", os.cpu_count() or 1, num_gpus)
     ray.init(
+        address="local",  # a fresh cluster: never attach to a stale one `ray start` left behind
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
         include_dashboard=False,
