@@ -18,6 +18,7 @@ REWARD_TYPES = ("math",)
 TRAINING_BACKENDS = ("torch", "megatron")
 ROLLOUT_BACKENDS = ("torch", "sglang")
 MODEL_TYPES = ("deepseek_v3",)
+LOGGER_BACKENDS = ("tensorboard",)
 
 
 def total_gpus(cfg: Config) -> int:
@@ -52,6 +53,8 @@ def check_names(cfg: Config) -> None:
     _one_of("rollout.rollout_backend", cfg.rollout.rollout_backend, ROLLOUT_BACKENDS)
     _one_of("actor.model.model_type", cfg.actor.model.model_type, MODEL_TYPES)
     _one_of("rollout.model.model_type", cfg.rollout.model.model_type, MODEL_TYPES)
+    for backend in cfg.runner.logger.logger_backends:
+        _one_of("runner.logger.logger_backends", backend, LOGGER_BACKENDS)
 
 
 def check_algorithm_ranges(cfg: Config) -> None:

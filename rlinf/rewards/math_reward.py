@@ -23,6 +23,7 @@ from rlinf.rewards.math import MAX_RESPONSE_TAIL_CHARS, grade
 # A fresh worker imports sympy and builds the LaTeX parser (a few seconds); that time must
 # not count against any item, and a worker that cannot start at all is a setup error.
 WORKER_START_TIMEOUT_S = 120.0
+MAX_FAILED_STARTS = 3  # consecutive worker deaths during start-up before scoring gives up
 MAX_CHUNK_SIZE = 32
 # Graded once by each new worker before it reports ready: sympy imports and caches a lot on
 # first use, which would otherwise slow (and risk timing out) a worker's first real items.
@@ -96,6 +97,7 @@ class MathReward:
         self._ctx = mp.get_context("spawn")  # fork is unsafe in threaded (Ray, torch) parents
         self._workers = [_Worker(self._ctx) for _ in range(num_workers)]
         self._lock = threading.Lock()
+        self._failed_starts = 0
         self._closed = False
 
     def score(self, responses: Sequence[str], solutions: Sequence[Sequence[str]]) -> RewardResult:
@@ -152,6 +154,7 @@ class MathReward:
                         message = w.conn.recv()
                         if message == "ready":
                             w.ready = True
+                            self._failed_starts = 0
                             continue
                         index, ok = message
                         correct[index] = ok
@@ -159,7 +162,15 @@ class MathReward:
                         w.item_deadline = time.monotonic() + self.timeout_s
                 except (EOFError, OSError):
                     if not w.ready:
-                        raise RuntimeError("a grading worker died while starting") from None
+                        # Killed while importing (OOM killer, a stray signal): start another, but
+                        # give up when workers cannot start at all (a broken install).
+                        self._failed_starts += 1
+                        if self._failed_starts > MAX_FAILED_STARTS:
+                            raise RuntimeError(
+                                f"grading workers died while starting {self._failed_starts} times in a row"
+                            ) from None
+                        self._replace(slot)
+                        continue
                     died = True
                 now = time.monotonic()
                 if not w.ready and now > w.started_at + WORKER_START_TIMEOUT_S:

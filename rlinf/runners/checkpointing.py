@@ -42,7 +42,7 @@ class RunCheckpointer:
         self.loader = loader
         self.metrics = metrics
         self.manager = CheckpointManager(checkpoint_root(cfg), cfg.runner.keep_checkpoints)
-        self.last_saved: Path | None = self.manager.latest()
+        self.last_saved: Path | None = None  # this run's last complete save (or the one it resumed from)
 
     def save(self, step: int) -> Path:
         def write(tmp: Path) -> None:

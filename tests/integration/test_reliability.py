@@ -109,7 +109,7 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpo
     assert (tmp_path / "results" / "it" / "checkpoints" / f"step_{stopped_at + 1}" / "COMPLETE").is_file()
 
 
-def test_corrupt_checkpoint_on_resume_names_the_file(random_tiny_checkpoint, tmp_path, ray_session):
+def test_corrupt_checkpoint_on_resume_names_the_file(random_tiny_checkpoint, tmp_path, ray_session, capsys):
     assert run(small_config(random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 1})) == 0
     checkpoint = tmp_path / "results" / "it" / "checkpoints" / "step_1"
     weights = checkpoint / "actor" / "model" / "model.safetensors"
@@ -118,6 +118,9 @@ def test_corrupt_checkpoint_on_resume_names_the_file(random_tiny_checkpoint, tmp
         random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 2, "runner.resume_dir": "auto"}
     )
     assert run(resumed) == 1  # stops with the message; nothing new is written
+    message = capsys.readouterr().err
+    assert f"{weights}: corrupt weight file" in message
+    assert "last good checkpoint: none" in message  # the corrupt one is not offered as good
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["step_1"]
 
 

@@ -66,6 +66,10 @@ def test_moonlight_recipe_fields():
         ("actor.seq_length=100", "actor.seq_length: 100 < data.max_prompt_length"),
         ("algorithm.group_size=1", "algorithm.group_size: 1 < 2"),
         ("cluster.num_gpus_per_node=2", "torch actor runs on one device but 2 GPUs are placed"),
+        (
+            "runner.logger.logger_backends=[wandb]",
+            "runner.logger.logger_backends: 'wandb' is not one of tensorboard",
+        ),
     ],
 )
 def test_bad_overrides_name_the_key(override, expected):

@@ -129,3 +129,13 @@ def test_registry_builds_math_reward_and_rejects_unknown_names():
         assert r.score(["\\boxed{1}"], [["1"]]).rewards == [2.0]
     with pytest.raises(ValueError, match="math"):
         build_reward("code")
+
+
+def test_a_worker_killed_while_starting_is_replaced():
+    with MathReward(reward_scale=1.0, num_workers=2) as r:
+        starting = r._workers[0].process
+        starting.kill()  # at once: before it could report ready
+        starting.join(timeout=10)
+        result = r.score([f"\\boxed{{{i}}}" for i in range(20)], [[str(i)] for i in range(20)])
+        assert result.correct == [True] * 20
+        assert starting.pid not in _worker_pids(r)
