@@ -148,15 +148,19 @@ def test_config_import_is_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_malformed_recipe_fails_fast_before_workers():
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "examples/reasoning/main_grpo.py", "tiny-moe-grpo-cpu", "algorithm.grup_size=3"],
+def _run_main(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "examples/reasoning/main_grpo.py", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=60,
     )
+
+
+def test_malformed_recipe_fails_fast_before_workers():
+    started = time.perf_counter()
+    proc = _run_main("tiny-moe-grpo-cpu", "algorithm.grup_size=3")
     assert proc.returncode == 2
     assert "unknown key 'algorithm.grup_size'; did you mean 'algorithm.group_size'" in proc.stderr
     assert "ray" not in proc.stderr.lower()
@@ -164,13 +168,7 @@ def test_malformed_recipe_fails_fast_before_workers():
 
 
 def test_gpu_recipe_on_cpu_names_missing_backend():
-    proc = subprocess.run(
-        [sys.executable, "examples/reasoning/main_grpo.py", "moonlight-16b-grpo-megatron"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    proc = _run_main("moonlight-16b-grpo-megatron")
     assert proc.returncode == 3
     assert "actor.training_backend=megatron needs the Python package 'megatron-core'" in proc.stderr
     assert "rollout.rollout_backend=sglang needs the Python package 'sglang'" in proc.stderr
