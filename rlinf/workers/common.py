@@ -44,3 +44,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+def cpu_weights(model) -> dict[str, torch.Tensor]:
+    """A model's current state dict as CPU copies (tests compare actor and rollout with it)."""
+    return {name: t.detach().cpu().clone() for name, t in model.state_dict().items()}

@@ -15,7 +15,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.models.logprobs import response_logprobs
 from rlinf.utils.checkpoint import CheckpointError, load_hf_weights_into
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
-from rlinf.workers.common import configure_threads, load_policy, worker_device
+from rlinf.workers.common import configure_threads, cpu_weights, load_policy, worker_device
 
 ACTOR_STATE_FILE = "actor_state.pt"
 MODEL_DIR = "model"
@@ -185,7 +185,7 @@ class TorchActor(ActorWorker):
                     state[key] = value.to(device)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
+        return cpu_weights(self.model)
 
     def save(self, directory: str) -> None:
         path = Path(directory)

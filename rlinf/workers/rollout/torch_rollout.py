@@ -11,6 +11,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.workers.common import (
     configure_threads,
+    cpu_weights,
     eos_token_ids,
     load_policy,
     pad_token_id,
@@ -73,7 +74,7 @@ class TorchRollout(RolloutWorker):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The engine's current weights on CPU (tests check them against the actor's)."""
-        return {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
+        return cpu_weights(self.model)
 
     def sleep(self) -> None:
         if self.device.type == "cuda":
