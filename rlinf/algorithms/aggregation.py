@@ -42,11 +42,27 @@ class LossNormalizer:
             )
 
     @classmethod
-    def from_masks(cls, masks: Sequence[torch.Tensor]) -> LossNormalizer:
-        """Counts over the [b, R] response masks of every micro-batch of one minibatch."""
-        num_tokens = sum(int(mask.sum()) for mask in masks)
-        num_sequences = sum(int(mask.any(dim=-1).sum()) for mask in masks)
-        return cls(num_tokens=float(num_tokens), num_sequences=float(num_sequences))
+    def from_masks(
+        cls, masks: Sequence[torch.Tensor], all_reduce_sum: AllReduceSum | None = None
+    ) -> LossNormalizer:
+        """Counts over the [b, R] response masks of every micro-batch of one minibatch.
+
+        With data parallelism each rank passes the masks of ITS part of the minibatch and an
+        `all_reduce_sum` that sums a float64 tensor over the data-parallel ranks; every rank then
+        holds the same global counts. Without it the counts are this process's only.
+        """
+        local = torch.tensor(
+            [
+                float(sum(int(mask.sum()) for mask in masks)),
+                float(sum(int(mask.any(dim=-1).sum()) for mask in masks)),
+            ],
+            dtype=torch.float64,
+        )
+        counts = local if all_reduce_sum is None else all_reduce_sum(local)
+        return cls(num_tokens=float(counts[0]), num_sequences=float(counts[1]))
+
+
+AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
 
 AggregationFn = Callable[[torch.Tensor, torch.Tensor, LossNormalizer], torch.Tensor]

@@ -1,4 +1,9 @@
-"""The actor role: recomputes logprobs, trains on a RolloutBatch, exports weights, checkpoints."""
+"""The actor role: recomputes logprobs, trains on a RolloutBatch, exports weights, checkpoints.
+
+Every rank of an actor group receives the SAME full batch (one object-store reference, see
+rlinf.scheduler.facades.ActorGroup) and takes its own data-parallel rows; `dp_info()` tells the
+facade which rank stands for which rows and which ranks report.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,40 @@ from abc import ABC, abstractmethod
 import torch
 
 from rlinf.data.batch import RolloutBatch
+from rlinf.workers.actor.policy_update import DPInfo
 
 WeightBucket = list[tuple[str, torch.Tensor]]
 
 
 class ActorWorker(ABC):
     @abstractmethod
+    def dp_info(self) -> DPInfo:
+        """This rank's data-parallel rank and size, and whether it reports for its DP group."""
+
+    @abstractmethod
     def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Fill old_logprobs (and ref_logprobs when kl_beta > 0) with the current policy's values."""
+        """Rows `policy_update.dp_slice(len(batch), dp.rank, dp.size)` of the full batch, with
+        old_logprobs (and ref_logprobs when kl_beta > 0) filled by the current policy. Collective:
+        every rank is called; the facade concatenates the reporting ranks' results in dp-rank order."""
 
     @abstractmethod
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        """One GRPO update over the batch (minibatches of actor.global_batch_size); returns actor/* metrics."""
+        """One GRPO update over the full batch (policy_update.run_policy_update); collective.
+        Returns actor/* metrics already reduced over DP ranks (equal on every reporting rank)."""
 
     @abstractmethod
     def export_weights(self, bucket_bytes: int) -> list[WeightBucket]:
-        """Full weights under HF names, in buckets of at most bucket_bytes (one tensor may exceed it)."""
+        """Full weights under HF names, in buckets of at most bucket_bytes (one tensor may exceed it).
+        Megatron's export is collective (every rank must drain it); the torch actor's is not."""
 
     @abstractmethod
     def save(self, directory: str) -> None:
-        """Weights (HF format where possible), optimizer, LR schedule and RNG state."""
+        """Weights (HF format where possible), optimizer, LR schedule and RNG state. Collective:
+        every rank is called with the same directory and writes its shard (or nothing)."""
 
     @abstractmethod
     def load(self, directory: str) -> None:
-        """Restore what save wrote; errors name the missing or corrupt file."""
+        """Restore what save wrote (collective); errors name the missing or corrupt file."""
 
     @abstractmethod
     def offload(self) -> None:

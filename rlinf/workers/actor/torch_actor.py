@@ -1,28 +1,41 @@
-"""Embedded actor: the HF DeepSeek-V3 model trained with AdamW on CPU or one GPU."""
+"""Embedded actor: the HF DeepSeek-V3 model trained with AdamW, data parallel over N workers.
+
+With `actor.num_workers` = N > 1 every worker holds a full replica wrapped in torch's
+DistributedDataParallel (gloo on CPU, NCCL on GPU; the worker group has already joined the
+process group). The GRPO update itself is the backend-agnostic loop of
+rlinf.workers.actor.policy_update; this class supplies its hooks. With `precision: bf16` (or fp16)
+the model computes in that dtype and AdamW updates fp32 master weights (mixed_precision.py).
+"""
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from rlinf.algorithms import LossNormalizer, compute_policy_loss, reduce_metrics, should_early_stop
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.models.logprobs import response_logprobs
 from rlinf.utils.checkpoint import CheckpointError, load_hf_weights_into
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
+from rlinf.workers.actor.mixed_precision import MasterWeights
+from rlinf.workers.actor.policy_update import (
+    DPInfo,
+    PolicyUpdateBackend,
+    SkipCounter,
+    TrainingDivergedError,
+    UpdateSettings,
+    dp_slice,
+    run_policy_update,
+)
 from rlinf.workers.common import configure_threads, cpu_weights, load_policy, worker_device
+
+__all__ = ["TorchActor", "TrainingDivergedError", "lr_multiplier"]
 
 ACTOR_STATE_FILE = "actor_state.pt"
 MODEL_DIR = "model"
-
-
-class TrainingDivergedError(RuntimeError):
-    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
 
 
 def lr_multiplier(decay_style: str, warmup_steps: int):
@@ -34,18 +47,21 @@ def lr_multiplier(decay_style: str, warmup_steps: int):
     return multiplier
 
 
-class TorchActor(ActorWorker):
+class TorchActor(ActorWorker, PolicyUpdateBackend):
     def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
         configure_threads(cfg.actor.num_threads)
         torch.manual_seed(cfg.runner.seed)
         self.cfg = cfg
         self.device = worker_device()
+        self.dp = DPInfo(rank=rank, size=world_size)
         m = cfg.actor.model
         self.model, self.tokenizer = load_policy(m.model_path, m.precision, m.trust_remote_code, self.device)
         self.reference = self._frozen_copy() if cfg.algorithm.kl_beta > 0 else None
+        self.trained = self._data_parallel(self.model) if world_size > 1 else self.model
+        self.master = MasterWeights(self.model)
         o = cfg.actor.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.master.params,
             lr=o.lr,
             betas=(o.adam_beta1, o.adam_beta2),
             eps=o.adam_eps,
@@ -55,8 +71,25 @@ class TorchActor(ActorWorker):
             self.optimizer,
             lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps),
         )
-        self.consecutive_skips = 0
-        self.total_skips = 0
+        self.settings = UpdateSettings.from_config(cfg)
+        self.skips = SkipCounter()
+
+    def _data_parallel(self, model: torch.nn.Module) -> torch.nn.Module:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(
+                f"actor rank {self.dp.rank} of {self.dp.size}: torch.distributed is not initialised; "
+                "data-parallel actors must be started by a WorkerGroup with distributed=True"
+            )
+        return torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[0] if self.device.type == "cuda" else None,
+            # MoE experts that no token of a micro-batch reaches get no gradient on that rank.
+            find_unused_parameters=True,
+            # Buffers (rotary tables) are equal on every rank and never trained.
+            broadcast_buffers=False,
+        )
 
     def _frozen_copy(self) -> torch.nn.Module:
         reference = copy.deepcopy(self.model).eval()
@@ -64,9 +97,22 @@ class TorchActor(ActorWorker):
         return reference
 
     @property
+    def consecutive_skips(self) -> int:
+        return self.skips.consecutive
+
+    @property
+    def total_skips(self) -> int:
+        return self.skips.total
+
+    @property
     def temperature(self) -> float:
         t = self.cfg.algorithm.sampling_params.temperature
         return t if t > 0 else 1.0
+
+    def dp_info(self) -> DPInfo:
+        return self.dp
+
+    # --- logprob recompute: this rank's contiguous rows --------------------------------------------
 
     def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, with_entropy: bool = False):
         b = batch.trimmed()
@@ -84,81 +130,58 @@ class TorchActor(ActorWorker):
     def _recompute(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
         model.eval()
         width = batch.response_ids.shape[1]
-        chunks = []
+        chunks = [torch.zeros(0, width)]
         for micro in batch.split(self.cfg.actor.micro_batch_size):
             logprobs, _ = self._logprobs(model, micro)
             chunks.append(torch.nn.functional.pad(logprobs.float().cpu(), (0, width - logprobs.shape[1])))
         return torch.cat(chunks)
 
     def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
-        old = self._recompute(self.model, batch)
-        ref = self._recompute(self.reference, batch) if self.reference is not None else None
-        return replace(batch, old_logprobs=old, ref_logprobs=ref)
+        """old_logprobs (and ref_logprobs) for this DP rank's rows `dp_slice(len(batch), rank, size)`."""
+        rows = list(range(len(batch)))[dp_slice(len(batch), self.dp.rank, self.dp.size)]
+        mine = batch.select(rows) if self.dp.size > 1 else batch
+        old = self._recompute(self.model, mine)
+        ref = self._recompute(self.reference, mine) if self.reference is not None else None
+        return replace(mine, old_logprobs=old, ref_logprobs=ref)
+
+    # --- training: hooks of run_policy_update ------------------------------------------------------
 
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        a, actor = self.cfg.algorithm, self.cfg.actor
         self.model.train()
-        order = torch.randperm(
-            len(batch), generator=torch.Generator().manual_seed(self.cfg.runner.seed + step)
-        )
-        shuffled = batch.select(order)
-        per_minibatch, early_stopped, skipped = [], 0, 0
-        for minibatch in shuffled.split(actor.global_batch_size):
-            normalizer = LossNormalizer.from_masks([minibatch.response_mask])
-            self.optimizer.zero_grad(set_to_none=True)
-            micro_metrics = []
-            for micro in minibatch.split(actor.micro_batch_size):
-                micro = micro.trimmed()
-                logprobs, entropy = self._logprobs(self.model, micro, with_entropy=True)
-                out = compute_policy_loss(
-                    a,
-                    logprobs=logprobs,
-                    old_logprobs=micro.old_logprobs.to(self.device),
-                    advantages=micro.advantages.to(self.device),
-                    response_mask=micro.response_mask.to(self.device),
-                    normalizer=normalizer,
-                    rollout_logprobs=micro.rollout_logprobs.to(self.device),
-                    ref_logprobs=None if micro.ref_logprobs is None else micro.ref_logprobs.to(self.device),
-                    # Without a bonus the entropy is only a diagnostic: keep it out of the graph.
-                    entropy=entropy if a.entropy_bonus > 0 else entropy.detach(),
-                )
-                out.loss.backward()
-                micro_metrics.append(out.metrics)
-            metrics = reduce_metrics(micro_metrics)
-            if should_early_stop(metrics["actor/ratio_mean"], a.early_stop_imp_ratio):
-                self.optimizer.zero_grad(set_to_none=True)
-                early_stopped += 1
-                continue
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.optim.clip_grad))
-            metrics["actor/grad_norm"] = grad_norm
-            if not (math.isfinite(grad_norm) and math.isfinite(metrics["actor/loss"])):
-                self._skip_step()
-                skipped += 1
-                continue
-            self.optimizer.step()
-            self.scheduler.step()
-            self.consecutive_skips = 0
-            per_minibatch.append(metrics)
-        summary = _mean_of(per_minibatch)
-        summary.update(
-            {
-                "actor/early_stopped_minibatches": float(early_stopped),
-                "actor/skipped_steps": float(skipped),
-                "actor/lr": self.scheduler.get_last_lr()[0],
-            }
-        )
-        return summary
+        return run_policy_update(self, batch, self.settings, step, self.skips)
 
-    def _skip_step(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.consecutive_skips += 1
-        self.total_skips += 1
-        limit = self.cfg.runner.max_consecutive_skips
-        if self.consecutive_skips > limit:
-            raise TrainingDivergedError(
-                f"{self.consecutive_skips} consecutive optimizer steps had a non-finite loss or grad norm "
-                f"(runner.max_consecutive_skips={limit}); stopping before the weights or a checkpoint are corrupted"
-            )
+    def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._logprobs(self.trained, micro, with_entropy=True)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        if self.dp.size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        # NCCL reduces device tensors only; gloo takes CPU ones.
+        on_device = tensor.to(self.device, copy=True)
+        dist.all_reduce(on_device, op=reduce_op)
+        return on_device.cpu()
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.master.zero_grad()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        # DDP has already averaged the gradients, so this norm is the same on every rank.
+        self.master.grads_to_master()
+        return float(torch.nn.utils.clip_grad_norm_(self.master.params, max_norm))
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+        self.master.master_to_model()
+
+    def current_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    # --- weights, memory, checkpoints --------------------------------------------------------------
 
     def export_weights(self, bucket_bytes: int) -> list[WeightBucket]:
         from rlinf.models.weights import iter_weight_buckets
@@ -178,7 +201,10 @@ class TorchActor(ActorWorker):
             self._move_to(self.device)
 
     def _move_to(self, device: torch.device) -> None:
-        self.model.to(device)
+        # In place (`.data`): DDP's buckets and the optimizer keep referring to the same parameters.
+        for param in self.model.parameters():
+            param.data = param.data.to(device)
+        self.master.move_to(device)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
@@ -188,15 +214,19 @@ class TorchActor(ActorWorker):
         return cpu_weights(self.model)
 
     def save(self, directory: str) -> None:
+        """Rank 0 writes: DDP replicas hold identical weights and optimizer state."""
+        if self.dp.rank != 0:
+            return
         path = Path(directory)
         self.model.save_pretrained(path / MODEL_DIR, safe_serialization=True)
         self.tokenizer.save_pretrained(path / MODEL_DIR)
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "master_weights": self.master.state(),
             "torch_rng": torch.get_rng_state(),
-            "consecutive_skips": self.consecutive_skips,
-            "total_skips": self.total_skips,
+            "consecutive_skips": self.skips.consecutive,
+            "total_skips": self.skips.total,
             "reference": None if self.reference is None else self.reference.state_dict(),
         }
         torch.save(state, path / ACTOR_STATE_FILE)
@@ -209,22 +239,12 @@ class TorchActor(ActorWorker):
             state = torch.load(state_file, map_location="cpu", weights_only=False)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+            self.master.load_state(state.get("master_weights"))
         except FileNotFoundError:
             raise CheckpointError(f"{state_file}: missing (optimizer / LR schedule state)") from None
         except Exception as err:
             raise CheckpointError(f"{state_file}: corrupt or incompatible actor state: {err}") from None
         torch.set_rng_state(state["torch_rng"])
-        self.consecutive_skips = state["consecutive_skips"]
-        self.total_skips = state["total_skips"]
+        self.skips = SkipCounter(state["consecutive_skips"], state["total_skips"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
-
-
-def _mean_of(dicts: list[dict[str, float]]) -> dict[str, float]:
-    if not dicts:
-        return {}
-    keys = dicts[0].keys()
-    return {
-        k: (max(d[k] for d in dicts) if k.endswith("_max") else sum(d[k] for d in dicts) / len(dicts))
-        for k in keys
-    }

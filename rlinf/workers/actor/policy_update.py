@@ -1,0 +1,273 @@
+"""The GRPO policy update shared by every actor backend (torch DDP, Megatron).
+
+`run_policy_update(backend, batch, settings, step, skips)` trains on one step's batch. Every
+data-parallel rank calls it with the SAME full batch (the facade sends one object-store reference)
+and the loop takes this rank's rows itself:
+
+    shuffle the batch (seed + step, identical on every rank)
+    for each minibatch of actor.global_batch_size rows:
+        rows of this DP rank: the minibatch's slice `dp_slice(gbs, dp.rank, dp.size)`
+        LossNormalizer from GLOBAL token / sequence counts (all-reduced over DP)
+        zero_grad; forward_backward(micro-batches of actor.micro_batch_size, loss_fn)
+        metrics: per-rank sums of contributions, all-reduced (sum; `_max` names: max)
+        early stop  <- all-reduced actor/ratio_mean          (every rank takes the same branch)
+        grad_norm = clip_grad_norm(clip_grad)                (global norm)
+        NaN skip    <- all-reduced loss and grad-norm flags  (every rank takes the same branch)
+        optimizer_step()
+
+Because the global minibatch is cut from the shuffled batch before the DP split, the rows of every
+optimizer step do not depend on the number of ranks: N ranks compute the same update as one.
+
+Loss scaling. Each micro-batch loss is its contribution (sum over its tokens / GLOBAL count, see
+rlinf.algorithms.aggregation), so the minibatch gradient is the SUM of all contributions over
+micro-batches and ranks. DDP and megatron-core's gradient reduction AVERAGE over DP ranks, so the
+loop multiplies the loss handed to `backward` by `backend.backward_scale` (dp.size by default).
+
+Hooks a backend implements (subclass `PolicyUpdateBackend`):
+- `dp` (DPInfo): this rank's data-parallel rank and size.
+- `forward_micro(micro) -> (logprobs, entropy)`: [b, R] tensors on `device` for a TRIMMED
+  micro-batch, logprobs with grad, temperature-scaled like the rollout. Only used by the default
+  `forward_backward`; a backend with its own schedule (Megatron pipeline) overrides
+  `forward_backward(micros, loss_fn)` instead and calls `loss_fn(micro, logprobs, entropy)` from
+  inside its schedule, backpropagating the returned `MicroLoss.backward_loss`.
+- `backward(loss)`: accumulate gradients (default `loss.backward()`).
+- `all_reduce(tensor, op)`: op "sum" or "max" over the DP group; returns the reduced tensor (on CPU,
+  same dtype). Identity with one rank.
+- `zero_grad()`, `clip_grad_norm(max_norm) -> float` (the GLOBAL pre-clip norm, same on every rank;
+  non-finite allowed, it triggers a skip), `optimizer_step()` (optimizer and LR schedule),
+  `current_lr() -> float`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlinf.algorithms import LossNormalizer, compute_policy_loss, reduce_metrics, should_early_stop
+from rlinf.config.schema import AlgorithmConfig, Config
+from rlinf.data.batch import RolloutBatch
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+@dataclass(frozen=True)
+class DPInfo:
+    """Where a rank sits in data parallelism. `reports`: this rank returns its DP group's results
+    (Megatron: one rank per TP x PP x CP group, e.g. TP rank 0 of the last pipeline stage)."""
+
+    rank: int = 0
+    size: int = 1
+    reports: bool = True
+
+
+def dp_slice(num_rows: int, dp_rank: int, dp_size: int) -> slice:
+    """Contiguous rows of `num_rows` owned by `dp_rank`; sizes differ by at most one."""
+    return slice(dp_rank * num_rows // dp_size, (dp_rank + 1) * num_rows // dp_size)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    algorithm: AlgorithmConfig
+    global_batch_size: int  # rows per optimizer step, over all DP ranks
+    micro_batch_size: int  # rows per forward/backward on one rank
+    clip_grad: float
+    seed: int
+    max_consecutive_skips: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> UpdateSettings:
+        return cls(
+            algorithm=cfg.algorithm,
+            global_batch_size=cfg.actor.global_batch_size,
+            micro_batch_size=cfg.actor.micro_batch_size,
+            clip_grad=cfg.actor.optim.clip_grad,
+            seed=cfg.runner.seed,
+            max_consecutive_skips=cfg.runner.max_consecutive_skips,
+        )
+
+
+@dataclass
+class SkipCounter:
+    """Non-finite steps; part of the actor's checkpoint so a resumed run counts on."""
+
+    consecutive: int = 0
+    total: int = 0
+
+    def skipped(self, limit: int) -> None:
+        self.consecutive += 1
+        self.total += 1
+        if self.consecutive > limit:
+            raise TrainingDivergedError(
+                f"{self.consecutive} consecutive optimizer steps had a non-finite loss or grad norm "
+                f"(runner.max_consecutive_skips={limit}); stopping before the weights or a checkpoint are corrupted"
+            )
+
+    def stepped(self) -> None:
+        self.consecutive = 0
+
+
+@dataclass(frozen=True)
+class MicroLoss:
+    backward_loss: torch.Tensor  # contribution x backend.backward_scale: what backward receives
+    metrics: dict[str, torch.Tensor]  # unscaled contributions (see reduce_metrics)
+
+
+LossFn = Callable[[RolloutBatch, torch.Tensor, torch.Tensor | None], MicroLoss]
+
+
+class PolicyUpdateBackend(ABC):
+    """The hooks `run_policy_update` drives; see the module docstring for their contracts."""
+
+    dp: DPInfo = DPInfo()
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def backward_scale(self) -> float:
+        """Factor on each micro-batch loss before backward: dp.size for mean-reducing DDP."""
+        return float(self.dp.size)
+
+    @abstractmethod
+    def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def forward_backward(
+        self, micros: Sequence[RolloutBatch], loss_fn: LossFn
+    ) -> list[dict[str, torch.Tensor]]:
+        metrics = []
+        for micro in micros:
+            logprobs, entropy = self.forward_micro(micro)
+            out = loss_fn(micro, logprobs, entropy)
+            self.backward(out.backward_loss)
+            metrics.append(out.metrics)
+        return metrics
+
+    @abstractmethod
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor: ...
+
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+
+    @abstractmethod
+    def clip_grad_norm(self, max_norm: float) -> float: ...
+
+    @abstractmethod
+    def optimizer_step(self) -> None: ...
+
+    @abstractmethod
+    def current_lr(self) -> float: ...
+
+
+def run_policy_update(
+    backend: PolicyUpdateBackend,
+    batch: RolloutBatch,
+    settings: UpdateSettings,
+    step: int,
+    skips: SkipCounter,
+) -> dict[str, float]:
+    """One GRPO update over the whole step batch; returns actor/* metrics, equal on every rank."""
+    gbs, dp = settings.global_batch_size, backend.dp
+    if gbs % dp.size:
+        raise ValueError(
+            f"actor.global_batch_size {gbs} is not divisible by the data-parallel size {dp.size}"
+        )
+    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(settings.seed + step))
+    shuffled = batch.select(order)
+    per_minibatch, early_stopped, skipped = [], 0, 0
+    for minibatch in shuffled.split(gbs):
+        local = minibatch.select(list(range(len(minibatch)))[dp_slice(len(minibatch), dp.rank, dp.size)])
+        micros = [m.trimmed() for m in local.split(settings.micro_batch_size)]
+        normalizer = LossNormalizer.from_masks(
+            [m.response_mask for m in micros], all_reduce_sum=lambda t: backend.all_reduce(t, "sum")
+        )
+        backend.zero_grad()
+        loss_fn = _loss_fn(backend, settings.algorithm, normalizer)
+        metrics = all_reduce_metrics(backend, reduce_metrics(backend.forward_backward(micros, loss_fn)))
+        if should_early_stop(metrics["actor/ratio_mean"], settings.algorithm.early_stop_imp_ratio):
+            backend.zero_grad()
+            early_stopped += 1
+            continue
+        grad_norm = backend.clip_grad_norm(settings.clip_grad)
+        metrics["actor/grad_norm"] = grad_norm
+        nonfinite = torch.tensor(
+            [float(not math.isfinite(grad_norm)), float(not math.isfinite(metrics["actor/loss"]))],
+            dtype=torch.float64,
+        )
+        if bool(backend.all_reduce(nonfinite, "sum").sum() > 0):
+            backend.zero_grad()
+            skips.skipped(settings.max_consecutive_skips)
+            skipped += 1
+            continue
+        backend.optimizer_step()
+        skips.stepped()
+        per_minibatch.append(metrics)
+    summary = mean_over_minibatches(per_minibatch)
+    summary.update(
+        {
+            "actor/early_stopped_minibatches": float(early_stopped),
+            "actor/skipped_steps": float(skipped),
+            "actor/lr": backend.current_lr(),
+        }
+    )
+    return summary
+
+
+def _loss_fn(backend: PolicyUpdateBackend, algorithm: AlgorithmConfig, normalizer: LossNormalizer) -> LossFn:
+    scale = backend.backward_scale
+
+    def loss_fn(micro: RolloutBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> MicroLoss:
+        device = logprobs.device
+
+        def on(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        assert micro.old_logprobs is not None and micro.advantages is not None, "compute_logprobs first"
+        out = compute_policy_loss(
+            algorithm,
+            logprobs=logprobs,
+            old_logprobs=micro.old_logprobs.to(device),
+            advantages=micro.advantages.to(device),
+            response_mask=micro.response_mask.to(device),
+            normalizer=normalizer,
+            rollout_logprobs=on(micro.rollout_logprobs),
+            ref_logprobs=on(micro.ref_logprobs),
+            # Without a bonus the entropy is only a diagnostic: keep it out of the graph.
+            entropy=entropy if entropy is None or algorithm.entropy_bonus > 0 else entropy.detach(),
+        )
+        return MicroLoss(out.loss * scale if scale != 1.0 else out.loss, out.metrics)
+
+    return loss_fn
+
+
+def all_reduce_metrics(backend: PolicyUpdateBackend, metrics: dict[str, float]) -> dict[str, float]:
+    """Per-rank minibatch metrics -> global ones: contributions are summed, `_max` names maxed.
+
+    Every rank has the same names (they depend on the config only); sorted for a fixed order.
+    """
+    if backend.dp.size == 1:
+        return metrics
+    summed = sorted(k for k in metrics if not k.endswith("_max"))
+    maxed = sorted(k for k in metrics if k.endswith("_max"))
+    out: dict[str, float] = {}
+    for names, op in ((summed, "sum"), (maxed, "max")):
+        if names:
+            reduced = backend.all_reduce(torch.tensor([metrics[k] for k in names], dtype=torch.float64), op)
+            out.update(zip(names, reduced.tolist(), strict=True))
+    return out
+
+
+def mean_over_minibatches(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """A step's value of each metric: the mean over its optimizer steps (`_max`: the max)."""
+    if not dicts:
+        return {}
+    return {
+        k: (max(d[k] for d in dicts) if k.endswith("_max") else sum(d[k] for d in dicts) / len(dicts))
+        for k in dicts[0]
+    }
