@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 # Bump when a change to this package changes what a build with the same settings produces.
-TINY_CODE_VERSION = 1
+TINY_CODE_VERSION = 2
 TINY_URI = "tiny://bootstrap"
+# The same model with MLA dims SGLang's triton MLA kernel compiles for (rlinf.models.slice).
+TINY_GPU_URI = "tiny://bootstrap-gpu"
 BUILD_REPORT = "tiny_build.json"
 
 
@@ -135,6 +137,8 @@ def deepseek_v3_config(settings: TinyModelSettings, *, vocab_size: int, **overri
         # (SGLang, Megatron-Bridge), as in Moonlight's config.json.
         scoring_func="sigmoid",
         topk_method="noaux_tc",
+        moe_layer_freq=1,
+        ep_size=1,
     )
     return DeepseekV3Config(**(fields | overrides))
 
@@ -279,8 +283,12 @@ def resolve_model_path(path: str) -> str:
     """`tiny://bootstrap` -> the cached tiny checkpoint (built on first use); other paths unchanged."""
     if path == TINY_URI:
         return str(ensure_tiny_checkpoint())
+    if path == TINY_GPU_URI:
+        from rlinf.models.slice import GPU_TINY_SETTINGS
+
+        return str(ensure_tiny_checkpoint(GPU_TINY_SETTINGS))
     if path.startswith("tiny://"):
-        raise ValueError(f"unknown tiny model {path!r}; the only one is {TINY_URI}")
+        raise ValueError(f"unknown tiny model {path!r}; choose {TINY_URI} or {TINY_GPU_URI}")
     return path
 
 
