@@ -11,6 +11,7 @@ import re
 import typing
 
 from rlinf.config import schema
+from rlinf.config.honoured import HONOURED, honoured_by
 from rlinf.config.typed import to_dict
 
 FIELD_LINE = re.compile(r"^\s+(\w+):\s*(.+?)\s*=\s*(.+?)\s*# doc: (.+)$")
@@ -32,6 +33,12 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def _honoured(key: str) -> str:
+    if key not in HONOURED:
+        return "**no entry in rlinf/config/honoured.py**"
+    return honoured_by(key).replace("every backend", "all").replace("|", "\\|")
+
+
 def _rows(cls: type, prefix: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     docs = _field_docs(cls)
@@ -51,7 +58,7 @@ def _rows(cls: type, prefix: str) -> list[str]:
             .replace("'>", "")
             .replace("|", "\\|")
         )
-        rows.append(f"| `{key}` | `{type_name}` | `{shown!r}` | {docs.get(f.name, '')} |")
+        rows.append(f"| `{key}` | `{type_name}` | `{shown!r}` | {docs.get(f.name, '')} | {_honoured(key)} |")
     return rows
 
 
@@ -63,10 +70,19 @@ def render_reference() -> str:
         "fails when this page and the schema disagree. Every key is typed: an unknown key or a wrong",
         "type stops the run before any worker starts, naming the key (and the closest valid one).",
         "",
+        "The last column says which backend honours a key (`rlinf/config/honoured.py`). A recipe that sets",
+        "a key to a non-default value while running a backend that ignores it is refused, naming the key",
+        "and the backend that would honour it.",
+        "",
     ]
     for f in dataclasses.fields(schema.Config):
         section_cls = typing.get_type_hints(schema.Config)[f.name]
-        lines += [f"## `{f.name}`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        lines += [
+            f"## `{f.name}`",
+            "",
+            "| key | type | default | meaning | honoured by |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         lines += _rows(section_cls, f.name)
         lines.append("")
     return "\n".join(lines)

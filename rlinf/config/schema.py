@@ -31,7 +31,6 @@ class LoggerConfig:
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    task_type: Literal["math"] = "math"  # doc: task family
     experiment_name: str = "grpo"  # doc: names the log and checkpoint folders
     output_dir: str = "./results"  # doc: checkpoints go to <output_dir>/<experiment_name>/checkpoints
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # doc: metric logging
@@ -162,7 +161,9 @@ class ActorConfig:
 class SGLangConfig:
     enable_ep_moe: bool = True  # doc: expert-parallel MoE (ep_size = tensor_parallel_size)
     attention_backend: str = "fa3"  # doc: SGLang attention backend
-    cuda_graph_max_bs: int = 256  # doc: largest CUDA-graph batch
+    cuda_graph_max_bs: int = 256  # doc: largest CUDA-graph batch; 0 = no CUDA graphs
+    max_running_requests: int | None = None  # doc: requests decoded together; null = SGLang sizes it
+    deterministic_inference: bool = False  # doc: reproducible sampling (per-request seeds), slower
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlinf.config.honoured import HONOURED, chosen_backends, honoured_by
 from rlinf.config.placement import Placement, parse_placement
 from rlinf.config.schema import Config
 from rlinf.config.typed import ConfigError
@@ -152,6 +153,8 @@ def check_data(cfg: Config) -> None:
         raise ConfigError("data.train_data_paths: empty; data.type=math reads prompts from files")
     if cfg.runner.val_check_interval > 0 and d.type == "math" and not d.val_data_paths:
         raise ConfigError("data.val_data_paths: empty but runner.val_check_interval > 0")
+    if d.val_batch_size is not None and d.val_batch_size < 1:
+        raise ConfigError(f"data.val_batch_size: {d.val_batch_size} must be >= 1 (or null = all at once)")
     if not cfg.actor.model.model_path:
         raise ConfigError("actor.model.model_path: empty; give an HF checkpoint dir or tiny://bootstrap")
 
@@ -166,6 +169,26 @@ def check_runner(cfg: Config) -> None:
         )
 
 
+def _value_at(obj: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_honoured(cfg: Config) -> None:
+    """A key set away from its default must be read by a backend this recipe runs (rlinf/config/honoured.py)."""
+    default = Config()
+    for key, readers in HONOURED.items():
+        value = _value_at(cfg, key)
+        if value == _value_at(default, key) or any(r.backend.active(cfg) for r in readers):
+            continue
+        raise ConfigError(
+            f"{key}: set to {value!r}, but this recipe's backends ignore it ({chosen_backends(cfg)}, "
+            f"{total_gpus(cfg)} GPU(s)); it is honoured only by: {honoured_by(key)}. "
+            "Remove the key or choose a backend that honours it"
+        )
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
     check_names,
     check_algorithm_ranges,
@@ -174,6 +197,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_batch_sizes,
     check_data,
     check_runner,
+    check_honoured,
 )
 
 

@@ -11,7 +11,7 @@ from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
 from rlinf.data.loader import PromptLoader
 from rlinf.runners.checkpointing import RunCheckpointer
-from rlinf.runners.step_metrics import pass_at_k, rollout_metrics
+from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
 from rlinf.utils.signals import StopRequest
@@ -107,18 +107,22 @@ class GRPORunner:
             return {}
         started = time.perf_counter()
         items = list(self.val_set)
-        greedy = self._score(items, 1, self.greedy)
-        metrics = {"val/accuracy": float(greedy.correct.float().mean())}
+        size = self.cfg.data.val_batch_size or len(items)  # prompts per generate call
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        greedy, _ = merged_scores([self._score(c, 1, self.greedy, i) for i, c in enumerate(chunks)])
+        metrics = {"val/accuracy": float(greedy.float().mean())}
         n = self.cfg.algorithm.val_n
         if n > 1:
-            sampled = self._score(items, n, self.sampling)
-            mean_k, pass_k = pass_at_k(sampled.correct, sampled.group_index)
+            sampled = merged_scores([self._score(c, n, self.sampling, i) for i, c in enumerate(chunks)])
+            mean_k, pass_k = pass_at_k(*sampled)
             metrics.update({f"val/mean@{n}": mean_k, f"val/pass@{n}": pass_k})
         metrics["time/validation"] = time.perf_counter() - started
         return metrics
 
-    def _score(self, items: list, n: int, params: SamplingParams):
-        batch = self.roles.rollout.call_rank0("generate", items, n, params, self._seed("validation"))
+    def _score(self, items: list, n: int, params: SamplingParams, chunk: int = 0):
+        # Chunk 0 keeps the unchunked seed; later chunks move far past any step's seeds (step * 2 < 2**40).
+        seed = (self._seed("validation") + chunk * 2**40) % (2**63)
+        batch = self.roles.rollout.call_rank0("generate", items, n, params, seed)
         return self.roles.reward.call_rank0("score", batch)
 
     def _seed(self, purpose: str) -> int:

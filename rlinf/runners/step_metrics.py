@@ -28,3 +28,15 @@ def pass_at_k(correct: torch.Tensor, group_index: torch.Tensor) -> tuple[float, 
     groups = torch.unique(group_index)
     any_correct = torch.stack([correct[group_index == g].any() for g in groups]).float()
     return float(correct.float().mean()), float(any_correct.mean())
+
+
+def merged_scores(batches: list[RolloutBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, group_index) of scored batches from separate generate calls; each call numbers its
+    groups from 0, so later batches' group ids are shifted past the earlier ones."""
+    correct, groups, offset = [], [], 0
+    for batch in batches:
+        assert batch.correct is not None
+        correct.append(batch.correct)
+        groups.append(batch.group_index + offset)
+        offset += int(batch.group_index.max()) + 1
+    return torch.cat(correct), torch.cat(groups)
