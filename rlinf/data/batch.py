@@ -8,10 +8,16 @@ what keeps their logprobs numerically identical.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
+
+# Per-token fields, right-padded to the response width R.
+RESPONSE_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs")
+# Per-row optional fields: present on every part or on none.
+OPTIONAL_ROW_FIELDS = ("rewards", "correct", "advantages")
 
 
 @dataclass
@@ -74,8 +80,94 @@ class RolloutBatch:
             prompt_ids=self.prompt_ids[:, -p_keep:],
             prompt_mask=self.prompt_mask[:, -p_keep:],
         )
-        for name in ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs"):
+        for name in RESPONSE_FIELDS:
             value = getattr(out, name)
             if value is not None:
                 out = replace(out, **{name: value[:, :r_keep]})
         return out
+
+    def shard(self, n: int) -> list[RolloutBatch]:
+        """n parts of whole GRPO groups (consecutive groups, counts differing by at most one).
+
+        Rows keep their order; a part is empty when there are fewer groups than parts.
+        """
+        if n < 1:
+            raise ValueError(f"cannot shard a batch into {n} parts")
+        groups = list(dict.fromkeys(self.group_index.tolist()))  # first-appearance order
+        position = {g: i for i, g in enumerate(groups)}
+        part_of_row = [position[g] * n // max(len(groups), 1) for g in self.group_index.tolist()]
+        return [self.select([r for r, p in enumerate(part_of_row) if p == k]) for k in range(n)]
+
+    @staticmethod
+    def concat(parts: Sequence[RolloutBatch], *, renumber_groups: bool = True) -> RolloutBatch:
+        """Rows of every part in order, padding prompts on the left and responses on the right.
+
+        With `renumber_groups` (results of several engines, each numbering its groups from 0) the
+        groups of part k get ids after those of parts < k, in first-appearance order, so ids never
+        collide. Padding uses the pad id already found under the parts' masks (0 if none).
+        `extras` are per-step scalars of each part, merged by rlinf.scheduler.metrics_merge rules.
+        """
+        from rlinf.scheduler.metrics_merge import merge_metrics
+
+        parts = [p for p in parts if len(p) > 0] or list(parts[:1])
+        if not parts:
+            raise ValueError("concat needs at least one batch")
+        pad_id = _pad_id(parts)
+        prompt_width = max(p.prompt_ids.shape[1] for p in parts)
+        response_width = max(p.response_ids.shape[1] for p in parts)
+        merged: dict[str, Any] = {}
+        merged["prompt_ids"] = torch.cat([_pad_left(p.prompt_ids, prompt_width, pad_id) for p in parts])
+        merged["prompt_mask"] = torch.cat([_pad_left(p.prompt_mask, prompt_width, False) for p in parts])
+        for name in RESPONSE_FIELDS:
+            values = [getattr(p, name) for p in parts]
+            merged[name] = _cat_optional(
+                name, [_pad_right(v, response_width, pad_id if name == "response_ids" else 0) for v in values]
+            )
+        for name in OPTIONAL_ROW_FIELDS:
+            merged[name] = _cat_optional(name, [getattr(p, name) for p in parts])
+        merged["group_index"] = (
+            _renumbered(parts) if renumber_groups else torch.cat([p.group_index for p in parts])
+        )
+        for name in ("finish_reasons", "response_text", "solutions"):
+            merged[name] = [item for p in parts for item in getattr(p, name)]
+        weights = [float(p.num_response_tokens) for p in parts]
+        merged["extras"] = merge_metrics([p.extras for p in parts], weights)
+        return RolloutBatch(**merged)
+
+
+def _renumbered(parts: Sequence[RolloutBatch]) -> torch.Tensor:
+    out, offset = [], 0
+    for part in parts:
+        ids = part.group_index.tolist()
+        local = {g: i for i, g in enumerate(dict.fromkeys(ids))}
+        out.append(torch.tensor([offset + local[g] for g in ids], dtype=torch.long))
+        offset += len(local)
+    return torch.cat(out)
+
+
+def _pad_id(parts: Sequence[RolloutBatch]) -> int:
+    for part in parts:
+        for ids, mask in ((part.prompt_ids, part.prompt_mask), (part.response_ids, part.response_mask)):
+            hidden = ids[~mask.bool()]
+            if hidden.numel():
+                return int(hidden[0])
+    return 0
+
+
+def _pad_left(t: torch.Tensor, width: int, value: Any) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value) if t.shape[1] < width else t
+
+
+def _pad_right(t: torch.Tensor | None, width: int, value: Any) -> torch.Tensor | None:
+    if t is None or t.shape[1] >= width:
+        return t
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+
+def _cat_optional(name: str, values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    present = [v is not None for v in values]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError(f"concat: field {name!r} is set on some parts and missing on others")
+    return torch.cat(values)  # type: ignore[arg-type]
