@@ -32,10 +32,8 @@ from rlinf.rewards.normalize import (
     numeric_sequence,
 )
 
-# Only the end of a response is searched for the final box, so a 200k-character
-# response costs no more than a short one.
-MAX_RESPONSE_TAIL_CHARS = 4096
-# Boxed answers longer than this are graded wrong; MATH answers are far shorter.
+# Boxed answers longer than this are compared only as exact strings (whitespace aside), never
+# normalised or parsed; MATH answers are far shorter.
 MAX_ANSWER_CHARS = 1000
 # Answers longer than this only get the string comparison, never sympy.
 MAX_SYMBOLIC_CHARS = 300
@@ -69,16 +67,33 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
 
 
+def last_box_start(text: str) -> int:
+    """Index of the last \\boxed / \\fbox command in text, -1 if none (a backwards string search:
+    a 200k-character response costs no regex pass over all of it)."""
+    end = len(text)
+    while True:
+        start = max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+        if start < 0 or _BOX_COMMAND.match(text, start):
+            return start
+        end = start  # "\\boxedx" is no box: look further back
+
+
+def answer_region(text: str) -> str:
+    """The part of a response grading reads: from its last box on ("" without a box)."""
+    start = last_box_start(text)
+    return text[start:] if start >= 0 else ""
+
+
 def extract_last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} or \\fbox{...} (or "\\boxed 5") in text, else None.
 
     An unclosed last box ("... \\boxed{5") gives None: the final answer is incomplete.
     """
-    text = text[-MAX_RESPONSE_TAIL_CHARS:]
-    boxes = list(_BOX_COMMAND.finditer(text))
-    if not boxes:
+    start = last_box_start(text)
+    if start < 0:
         return None
-    last = boxes[-1]
+    last = _BOX_COMMAND.match(text, start)
+    assert last is not None
     rest = text[last.end() :]
     stripped = rest.lstrip()
     if stripped.startswith("{"):
@@ -139,10 +154,19 @@ def _parse(normalized: str) -> tuple:
     return tuple(parsed)
 
 
+def _raw_reference(solution: str) -> str | None:
+    """The reference answer as written: the last box of a worked solution, or the bare answer."""
+    return extract_last_boxed(solution) if _BOX_COMMAND.search(solution) else solution
+
+
+def _compact(s: str) -> str:
+    return "".join(s.split())
+
+
 @lru_cache(maxsize=8192)
 def _reference_answer(solution: str) -> str | None:
-    """Normalised reference answer: the last box of a worked solution, or the bare answer."""
-    answer = extract_last_boxed(solution) if _BOX_COMMAND.search(solution) else solution
+    """Normalised reference answer."""
+    answer = _raw_reference(solution)
     if answer is None:
         return None
     return normalize_answer(answer) or None
@@ -265,8 +289,10 @@ def grade(response: str, solutions: Sequence[str]) -> bool:
         solutions = [solutions]
     try:
         answer = extract_last_boxed(response)
-        if answer is None or len(answer) > MAX_ANSWER_CHARS:
+        if answer is None:
             return False
+        if len(answer) > MAX_ANSWER_CHARS:  # too long to normalise or parse: only the same text is right
+            return any(_compact(answer) == _compact(_raw_reference(solution) or "") for solution in solutions)
         pred = normalize_answer(answer)
         if not pred:
             return False

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from rlinf.rewards.math import MAX_RESPONSE_TAIL_CHARS, grade
+from rlinf.rewards.math import answer_region, grade
 
 # A fresh worker imports sympy and builds the LaTeX parser (a few seconds); that time must
 # not count against any item, and a worker that cannot start at all is a setup error.
@@ -103,9 +103,9 @@ class MathReward:
     def score(self, responses: Sequence[str], solutions: Sequence[Sequence[str]]) -> RewardResult:
         if len(responses) != len(solutions):
             raise ValueError(f"{len(responses)} responses but {len(solutions)} solution lists")
-        # grade() reads only the tail of a response; trimming here keeps the pipes light.
+        # grade() reads only a response's last box onward; sending just that keeps the pipes light.
         items = [
-            (r[-MAX_RESPONSE_TAIL_CHARS:], (s,) if isinstance(s, str) else tuple(s))
+            (answer_region(r), (s,) if isinstance(s, str) else tuple(s))
             for r, s in zip(responses, solutions, strict=True)
         ]
         with self._lock:

@@ -53,6 +53,21 @@ def closing_brace(text: str, open_idx: int) -> int:
     return -1
 
 
+def _strip_enclosing_braces(s: str) -> str:
+    """ "{{4}}" -> "4": braces around the whole answer only group it (one pass over the string)."""
+    partner: dict[int, int] = {}
+    opened: list[int] = []
+    for i, char in enumerate(s):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            partner[opened.pop()] = i
+    depth = 0
+    while depth < len(s) - 1 - depth and partner.get(depth) == len(s) - 1 - depth:
+        depth += 1
+    return s[depth : len(s) - depth].strip() if depth else s
+
+
 def _strip_text_commands(s: str) -> str:
     """Unwrap \\text{...}-like commands; drop them when they are trailing units or connectives."""
     while m := _TEXT_CMD.search(s):
@@ -100,6 +115,7 @@ def normalize_answer(answer: str) -> str:
     s = s.replace("{,}", ",")
     s = _strip_text_commands(s)
     s = s.replace("\\dots", "\\ldots").replace("\\cdots", "\\ldots")
+    s = _strip_enclosing_braces(s.strip())
     s = s.strip().rstrip(".").strip()
     s = _TRAILING_UNIT.sub("", s).strip()
     if _THOUSANDS.fullmatch(s):  # only a whole-string "1,000"; "(1,2)" and "1,2" never match

@@ -229,6 +229,41 @@ def test_pathological_answers_are_wrong_in_bounded_time(response):
     assert time.perf_counter() - start < 2.0
 
 
+# The same kinds of input, with a gold answer that matches: a grader that calls anything long,
+# deep or huge "wrong" fails here.
+_POLYNOMIAL = "+".join(f"x^{{{i}}}" for i in range(300))
+_NESTED_SIN = "\\sin(" * 50 + "1" + ")" * 50
+PATHOLOGICAL_BUT_RIGHT = [
+    ("\\boxed{9^{9^{9^{9^{9}}}}}", "9^{9^{9^{9^{9}}}}"),
+    ("\\boxed{10^{10^{10}}}", "10^{10^{10}}"),
+    ("\\boxed{100000!}", "100000!"),
+    ("\\boxed{(x+1)^{99999}}", "(x+1)^{99999}"),
+    ("x" * 200_000 + " \\boxed{4}", "4"),
+    ("\\boxed{4}" + " y" * 100_000, "4"),  # the final box, then 200k characters of rambling
+    ("\\boxed{" + "{" * 200 + "4" + "}" * 200 + "}", "4"),  # braces that only group
+    ("\\boxed{" + _NESTED_SIN + "}", _NESTED_SIN),
+    ("\\boxed{" + _POLYNOMIAL + "}", _POLYNOMIAL),  # 2297 characters: longer than any parse limit
+    ("\\boxed{" + "1" * 900 + "}", "1" * 900),
+    ("Step " * 20_000 + "\\boxed{\\frac{14}{3}}", "4\\frac{2}{3}"),
+]
+
+
+@pytest.mark.parametrize(("response", "gold"), PATHOLOGICAL_BUT_RIGHT, ids=lambda r: r[:30])
+def test_pathological_answers_that_match_are_right_in_bounded_time(response, gold):
+    start = time.perf_counter()
+    assert grade(response, [gold])
+    assert time.perf_counter() - start < 2.0
+
+
+def test_only_the_region_from_the_last_box_is_sent_to_graders():
+    from rlinf.rewards.math import answer_region
+
+    response = "\\boxed{3} then " + "z" * 10_000 + " \\boxedx \\boxed{4} done"
+    assert answer_region(response) == "\\boxed{4} done"
+    assert answer_region("no box at all") == ""
+    assert grade(answer_region(response), ["4"]) == grade(response, ["4"]) is True
+
+
 def test_a_long_response_still_finds_its_final_box():
     assert grade("x" * 200_000 + " so \\boxed{5}", ["5"])
 
