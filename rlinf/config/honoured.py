@@ -69,20 +69,20 @@ SAMPLING = "rlinf.workers.rollout.sampling"
 REWARD_WORKER = "rlinf.workers.reward.reward_worker"
 TORCH_ACTOR_MODULE = "rlinf.workers.actor.torch_actor"
 MEGATRON_ACTOR_MODULE = "rlinf.workers.actor.megatron_actor"
+MEGATRON_SETTINGS = "rlinf.models.megatron.settings"  # recipe -> Megatron provider / optimizer settings
 TORCH_ROLLOUT_MODULE = "rlinf.workers.rollout.torch_rollout"
 SGLANG_ROLLOUT_MODULE = "rlinf.workers.rollout.sglang_rollout"
 SGLANG_ARGS = "rlinf.workers.rollout.sglang_args"  # recipe -> sglang.Engine keyword arguments
 
-MEGATRON_HELPER = "issue 9 (Megatron actor helper)"
 SGLANG_HELPER = "issue 10 (SGLang rollout helper)"
 MANY_RANKS_HELPER = "many-ranks helper (colocated memory order in the runner)"
 
 
-def _actor(pending_megatron: str = MEGATRON_HELPER) -> tuple[Reader, ...]:
+def _actor(megatron_module: str = MEGATRON_SETTINGS) -> tuple[Reader, ...]:
     """A trainer setting both actors must honour."""
     return (
         TORCH_ACTOR.reads(TORCH_ACTOR_MODULE),
-        MEGATRON_ACTOR.reads(MEGATRON_ACTOR_MODULE, pending=pending_megatron),
+        MEGATRON_ACTOR.reads(megatron_module),
     )
 
 
@@ -95,7 +95,7 @@ def _rollout() -> tuple[Reader, ...]:
 
 
 def _megatron_only() -> tuple[Reader, ...]:
-    return (MEGATRON_ACTOR.reads(MEGATRON_ACTOR_MODULE, pending=MEGATRON_HELPER),)
+    return (MEGATRON_ACTOR.reads(MEGATRON_SETTINGS),)
 
 
 def _sglang_only() -> tuple[Reader, ...]:
@@ -166,11 +166,11 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.global_batch_size": (ANY.reads(POLICY_UPDATE),),
     # A bound checked before start (prompt + response must fit); Megatron also sizes buffers by it.
     "actor.seq_length": (ANY.reads(VALIDATE),),
-    "actor.model.model_path": (ANY.reads(MAIN),) + _actor(),
+    "actor.model.model_path": (ANY.reads(MAIN),) + _actor(MEGATRON_ACTOR_MODULE),
     # Names the architecture family; validation accepts only families the loaders support.
     "actor.model.model_type": (ANY.reads(VALIDATE),),
     "actor.model.precision": _actor(),
-    "actor.model.trust_remote_code": (ANY.reads(MAIN),) + _actor(),
+    "actor.model.trust_remote_code": (ANY.reads(MAIN),) + _actor(MEGATRON_ACTOR_MODULE),
     "actor.model.tensor_model_parallel_size": _megatron_only(),
     "actor.model.pipeline_model_parallel_size": _megatron_only(),
     "actor.model.expert_model_parallel_size": _megatron_only(),
@@ -182,7 +182,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.model.recompute_granularity": _megatron_only(),
     "actor.model.recompute_modules": _megatron_only(),
     "actor.model.moe_router_bias_update_rate": _megatron_only(),
-    "actor.optim.optimizer": _actor(),
+    "actor.optim.optimizer": _actor(MEGATRON_ACTOR_MODULE),
     "actor.optim.lr": _actor(),
     "actor.optim.weight_decay": _actor(),
     "actor.optim.adam_beta1": _actor(),
@@ -192,10 +192,11 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.optim.use_distributed_optimizer": _megatron_only(),
     "actor.optim.use_precision_aware_optimizer": _megatron_only(),
     "actor.optim.main_params_dtype": _megatron_only(),
+    "actor.optim.main_grads_dtype": _megatron_only(),
     "actor.optim.exp_avg_dtype": _megatron_only(),
     "actor.optim.exp_avg_sq_dtype": _megatron_only(),
-    "actor.lr_sched.lr_decay_style": _actor(),
-    "actor.lr_sched.lr_warmup_steps": _actor(),
+    "actor.lr_sched.lr_decay_style": _actor(MEGATRON_ACTOR_MODULE),
+    "actor.lr_sched.lr_warmup_steps": _actor(MEGATRON_ACTOR_MODULE),
     "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER, pending=MANY_RANKS_HELPER),),
     # CPU threads of the embedded workers (both run torch ops on the CPU when there is no GPU).
     "actor.num_threads": (

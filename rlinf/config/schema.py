@@ -132,10 +132,12 @@ class OptimConfig:
     adam_eps: float = 1e-8  # doc: Adam epsilon
     clip_grad: float = 1.0  # doc: global grad-norm clip
     use_distributed_optimizer: bool = True  # doc: megatron: shard optimizer state over DP
-    use_precision_aware_optimizer: bool = False  # doc: megatron: keep master weights/states in low precision
-    main_params_dtype: str = "fp32"  # doc: master weight dtype with the precision-aware optimizer
-    exp_avg_dtype: str = "fp32"  # doc: first-moment dtype with the precision-aware optimizer
-    exp_avg_sq_dtype: str = "fp32"  # doc: second-moment dtype with the precision-aware optimizer
+    # doc: megatron: optimizer states in the dtypes below (needs Transformer Engine's FusedAdam; without TE: fp32, with a warning)
+    use_precision_aware_optimizer: bool = False
+    main_params_dtype: str = "fp32"  # doc: megatron master weights: fp32 or fp16 (no bf16/FP8 masters exist)
+    main_grads_dtype: str = "fp32"  # doc: megatron gradient buffers / reduction: fp32 or bf16
+    exp_avg_dtype: str = "fp32"  # doc: megatron Adam first moment: fp32, fp16, bf16 or fp8
+    exp_avg_sq_dtype: str = "fp32"  # doc: megatron Adam second moment: fp32, fp16, bf16 or fp8
 
 
 @dataclass(frozen=True)

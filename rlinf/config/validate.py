@@ -189,12 +189,26 @@ def check_honoured(cfg: Config) -> None:
         )
 
 
+def check_megatron_settings(cfg: Config) -> None:
+    """Parallelism and optimizer-precision choices megatron-core cannot run (fp32/fp16 masters only)."""
+    if cfg.actor.training_backend != "megatron":
+        return
+    # Imported here: the translation module lives with the Megatron code (it imports no megatron).
+    from rlinf.models.megatron.settings import model_problems, precision_problems
+
+    # TE presence is decided on the worker; here assume it, so only recipe-level problems show.
+    problems = model_problems(cfg.actor, te_available=True) + precision_problems(cfg.actor.optim)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 RULES: tuple[Callable[[Config], None], ...] = (
     check_names,
     check_algorithm_ranges,
     check_sequence_lengths,
     check_placement,
     check_batch_sizes,
+    check_megatron_settings,
     check_data,
     check_runner,
     check_honoured,

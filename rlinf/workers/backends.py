@@ -27,7 +27,7 @@ INSTALL_HINT = (
     "(see docs/quickstart.md)"
 )
 # Backends whose worker code arrives with the GPU issues; named here so the message is honest.
-NOT_YET_AVAILABLE = {("actor", "megatron"), ("rollout", "sglang")}
+NOT_YET_AVAILABLE = {("rollout", "sglang")}
 
 
 class BackendUnavailableError(RuntimeError):

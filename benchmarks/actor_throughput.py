@@ -1,0 +1,144 @@
+"""Training throughput of the Megatron actor against the HF (torch) actor, in the same run.
+
+Both actors train on the same synthetic GRPO batch (fixed prompt / response lengths) of the same
+checkpoint, one after the other on one GPU; each does one warm-up `train` call, then `--steps`
+timed ones. Prints one JSON object:
+
+    tokens_per_s   (prompt + response tokens through forward + backward) / train wall time
+    mfu            model FLOPs / (wall time x peak bf16 dense FLOP/s of the GPU, --peak-tflops)
+
+Model FLOPs per token: 6 x (parameters a token activates: attention, dense MLP, shared experts, top-k
+routed experts, router, LM head; not the embedding lookup) + causal attention 6 x layers x heads x
+(qk_dim + v_dim) x mean context. The logprob recompute is not timed.
+
+    python benchmarks/actor_throughput.py --model DIR [--precision bf16] [--rows 16]
+        [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
+    (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
+from rlinf.data.batch import RolloutBatch
+
+
+def flops_per_token(config: dict, context: float) -> float:
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv_rank = config["num_attention_heads"], config["kv_lora_rank"]
+    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    q_rank = config.get("q_lora_rank")
+    q = h * heads * (nope + rope) if not q_rank else h * q_rank + q_rank * heads * (nope + rope)
+    attention = q + h * (kv_rank + rope) + kv_rank * heads * (nope + v) + heads * v * h
+    dense_mlp = 3 * h * config["intermediate_size"]
+    expert = 3 * h * config["moe_intermediate_size"]
+    moe_mlp = (
+        expert * (config["num_experts_per_tok"] + config["n_shared_experts"]) + h * config["n_routed_experts"]
+    )
+    dense_layers = config["first_k_dense_replace"]
+    active = layers * attention + dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+    active += h * config["vocab_size"]  # LM head
+    attention_scores = 6 * layers * heads * (nope + rope + v) * context / 2  # causal: half the context
+    return 6 * active + attention_scores
+
+
+def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
+    g = torch.Generator().manual_seed(0)
+    return RolloutBatch(
+        prompt_ids=torch.randint(3, vocab, (rows, prompt), generator=g),
+        prompt_mask=torch.ones(rows, prompt, dtype=torch.bool),
+        response_ids=torch.randint(3, vocab, (rows, response), generator=g),
+        response_mask=torch.ones(rows, response, dtype=torch.bool),
+        group_index=torch.arange(rows) // 4,
+        rollout_logprobs=torch.zeros(rows, response),
+        finish_reasons=["length"] * rows,
+        response_text=[""] * rows,
+        solutions=[("0",)] * rows,
+        advantages=torch.randn(rows, generator=g),
+    )
+
+
+def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int) -> float:
+    """Seconds per `train` call, mean over `steps` after one warm-up call."""
+    if backend == "megatron":
+        from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
+    else:
+        from rlinf.workers.actor.torch_actor import TorchActor as Actor  # type: ignore[assignment]
+    actor = Actor(replace(cfg, actor=replace(cfg.actor, training_backend=backend)))
+    data = actor.compute_logprobs(data)
+    actor.train(data, step=0)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for step in range(steps):
+        actor.train(data, step=step + 1)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / steps
+    del actor
+    gc.collect()
+    torch.cuda.empty_cache()
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--response", type=int, default=768)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="H200 bf16 dense")
+    parser.add_argument("--backends", default="torch,megatron")
+    args = parser.parse_args()
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    cfg = Config(
+        runner=RunnerConfig(seed=1),
+        algorithm=AlgorithmConfig(),
+        actor=ActorConfig(
+            micro_batch_size=args.micro_batch,
+            global_batch_size=args.rows,  # one optimizer step per train call
+            seq_length=args.prompt + args.response,
+            model=ModelConfig(model_path=args.model, precision=args.precision),
+            optim=OptimConfig(lr=1e-7, weight_decay=0.0),
+        ),
+    )
+    data = batch(config["vocab_size"], args.rows, args.prompt, args.response)
+    tokens = args.rows * (args.prompt + args.response)
+    flops = tokens * flops_per_token(config, context=args.prompt + args.response)
+    result: dict = {
+        "benchmark": "actor_throughput",
+        "gpu": torch.cuda.get_device_name(),
+        "model": args.model,
+        "layers": config["num_hidden_layers"],
+        "precision": args.precision,
+        "tokens_per_train_call": tokens,
+        "micro_batch_size": args.micro_batch,
+        "model_tflop_per_call": flops / 1e12,
+    }
+    for backend in args.backends.split(","):
+        seconds = measure(backend, cfg, data, args.steps)
+        result[backend] = {
+            "seconds_per_train_call": seconds,
+            "tokens_per_s": tokens / seconds,
+            "mfu": flops / seconds / (args.peak_tflops * 1e12),
+            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+        torch.cuda.reset_peak_memory_stats()
+    if "torch" in result and "megatron" in result:
+        result["megatron_speedup"] = result["megatron"]["tokens_per_s"] / result["torch"]["tokens_per_s"]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

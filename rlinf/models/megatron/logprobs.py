@@ -1,0 +1,115 @@
+"""Token logprobs and entropy of the tempered distribution from vocab-parallel logits.
+
+Megatron's output layer leaves each tensor-parallel rank with a slice of the vocabulary,
+logits [..., V / TP] (this rank holds token ids [vocab_start, vocab_start + V / TP)). This module
+computes, per position, log softmax(logits / T)[target] and the entropy of softmax(logits / T) over
+the FULL vocabulary, exactly the rollout's convention (rlinf.models.logprobs.scale_logits), with
+two all-reduces over the TP group in the forward and none in the backward.
+
+Memory: the logits are read in chunks of positions, each upcast to fp32 only for the chunk, so no
+full-vocabulary fp32 copy of the whole [positions, V / TP] tensor is made, in the forward or the
+backward (which recomputes the chunk's softmax from the saved logits and the per-position
+log-partition and entropy). megatron-core's vocab_parallel_cross_entropy would also work for the
+logprob but changes fp32 logits in place, has no temperature and no entropy.
+
+Imports only torch: unit-testable on CPU, also with a gloo TP group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# Positions per chunk are chosen so a chunk's fp32 working set stays near this many bytes.
+CHUNK_BYTES = 256 * 2**20
+
+
+def _chunks(num_positions: int, vocab_local: int) -> list[slice]:
+    size = max(1, CHUNK_BYTES // (4 * max(1, vocab_local)))
+    return [slice(s, min(s + size, num_positions)) for s in range(0, num_positions, size)]
+
+
+def _all_reduce(tensor: torch.Tensor, op, group) -> torch.Tensor:
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+class _VocabParallelLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, vocab_start, group):
+        shape = targets.shape
+        flat = logits.reshape(-1, logits.shape[-1])
+        tgt = targets.reshape(-1)
+        n, v_local = flat.shape
+        inv_t = 1.0 / temperature
+        local_target = tgt - vocab_start
+        owned = (local_target >= 0) & (local_target < v_local)
+        local_target = local_target.clamp(0, v_local - 1)
+
+        # Pass 1: global max of the scaled logits per position.
+        row_max = torch.empty(n, dtype=torch.float32, device=flat.device)
+        for c in _chunks(n, v_local):
+            row_max[c] = flat[c].float().amax(-1) * inv_t
+        _all_reduce(row_max, dist.ReduceOp.MAX, group)
+
+        # Pass 2: sum exp(x - max), sum exp(x - max) * x and the target's x, reduced in one call.
+        stats = torch.zeros(3, n, dtype=torch.float32, device=flat.device)
+        for c in _chunks(n, v_local):
+            x = flat[c].float() * inv_t
+            e = torch.exp(x - row_max[c, None])
+            stats[0, c] = e.sum(-1)
+            stats[1, c] = (e * x).sum(-1)
+            picked = x.gather(-1, local_target[c, None]).squeeze(-1)
+            stats[2, c] = torch.where(owned[c], picked, torch.zeros_like(picked))
+        _all_reduce(stats, dist.ReduceOp.SUM, group)
+
+        log_z = row_max + torch.log(stats[0])
+        logprobs = stats[2] - log_z
+        entropy = log_z - stats[1] / stats[0]
+        ctx.save_for_backward(logits, local_target, owned, log_z, entropy)
+        ctx.inv_t = inv_t
+        return logprobs.reshape(shape), entropy.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        logits, local_target, owned, log_z, entropy = ctx.saved_tensors
+        inv_t = ctx.inv_t
+        flat = logits.reshape(-1, logits.shape[-1])
+        n, v_local = flat.shape
+        g_lp = None if grad_logprobs is None else grad_logprobs.reshape(-1).float()
+        g_h = None if grad_entropy is None else grad_entropy.reshape(-1).float()
+        grad = torch.empty_like(flat)
+        for c in _chunks(n, v_local):
+            x = flat[c].float() * inv_t
+            p = torch.exp(x - log_z[c, None])
+            g = torch.zeros_like(x)
+            if g_lp is not None:
+                # d logp(target) / dx_k = 1[k = target] - p_k
+                g -= p * g_lp[c, None]
+                hit = torch.where(owned[c], g_lp[c], torch.zeros_like(g_lp[c]))
+                g.scatter_add_(-1, local_target[c, None], hit[:, None])
+            if g_h is not None:
+                # d H / dx_k = -p_k (x_k - log Z + H)
+                g -= p * (x - log_z[c, None] + entropy[c, None]) * g_h[c, None]
+            grad[c] = (g * inv_t).to(grad.dtype)
+        return grad.reshape(logits.shape), None, None, None, None
+
+
+def vocab_parallel_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    vocab_start: int = 0,
+    group=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs, entropy), each shaped like `targets`, of the distribution softmax(logits / T).
+
+    logits [..., V_local]: this rank's vocabulary slice starting at token id `vocab_start`;
+    targets [...] long: global token ids. `group`: the tensor-parallel process group (None or a
+    one-rank group: no communication). temperature <= 0 (greedy) reports temperature 1, like the
+    rollout. Differentiable in logits (both outputs).
+    """
+    t = temperature if temperature > 0 else 1.0
+    return _VocabParallelLogprobEntropy.apply(logits, targets, t, vocab_start, group)

@@ -1,0 +1,211 @@
+"""Recipe -> Megatron settings: provider fields, DDP config and optimizer config, as plain data.
+
+Pure: imports neither torch nor megatron, so config validation and CPU tests use it. The actor
+(rlinf.workers.actor.megatron_actor) applies `provider` with setattr on the Megatron-Bridge
+provider before `finalize()`, and builds megatron-core's DistributedDataParallelConfig and
+OptimizerConfig from `ddp` and `optimizer` (dtype values are torch dtype NAMES, e.g. "bfloat16").
+
+What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.2):
+- MoE: aux loss 0 and no load-balancing loss (the reward is the only objective), routing-bias
+  update rate from the recipe (0 for RL: the rollout engine routes with the frozen bias too),
+  router in fp32, the alltoall dispatcher; grouped GEMM only with Transformer Engine (the local
+  backend has SequentialMLP experts only).
+- No MTP layers (RL neither runs nor trains them).
+- `gradient_accumulation_fusion` off: megatron's output layer then needs apex's
+  fused_weight_gradient_mlp_cuda, which the GPU stack does not ship.
+- Without TE: cross-entropy, permute and layer-norm fusions off (they are TE kernels), and
+  `transformer_impl = "local"`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf.config.schema import ActorConfig, OptimConfig
+
+MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
+MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+GRAD_DTYPES = ("fp32", "bf16")
+TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}
+RECOMPUTE_GRANULARITIES = (None, "selective", "full")
+SELECTIVE_RECOMPUTE_MODULES = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+)
+
+
+class MegatronSettingsError(ValueError):
+    """A recipe asks for a Megatron setting that cannot work; the message names the key."""
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    provider: dict[str, Any]  # attribute -> value on the bridge's model provider
+    ddp: dict[str, Any]  # DistributedDataParallelConfig keyword arguments
+    optimizer: dict[str, Any]  # OptimizerConfig keyword arguments
+    warnings: tuple[str, ...] = field(default=())  # what was changed from the recipe and why
+
+
+def precision_problems(optim: OptimConfig) -> list[str]:
+    """One message per impossible optimizer-precision setting (empty when all is well)."""
+    problems = []
+    if optim.main_params_dtype not in MASTER_DTYPES:
+        problems.append(
+            f"actor.optim.main_params_dtype: {optim.main_params_dtype!r} is not offered by megatron-core; "
+            f"master weights are one of {', '.join(MASTER_DTYPES)} (there are no bf16 or FP8 master "
+            "weights: small updates would round away). Use fp32, with bf16 or fp8 moments "
+            "(exp_avg_dtype / exp_avg_sq_dtype) to save memory"
+        )
+    for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(optim, key)
+        if value not in MOMENT_DTYPES:
+            problems.append(f"actor.optim.{key}: {value!r}; one of {', '.join(MOMENT_DTYPES)}")
+    if optim.main_grads_dtype not in GRAD_DTYPES:
+        problems.append(
+            f"actor.optim.main_grads_dtype: {optim.main_grads_dtype!r}; one of {', '.join(GRAD_DTYPES)}"
+        )
+    low = [
+        k
+        for k in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+        if getattr(optim, k) != "fp32" and getattr(optim, k) in MASTER_DTYPES + MOMENT_DTYPES
+    ]
+    if low and not optim.use_precision_aware_optimizer:
+        problems.append(
+            f"actor.optim.{low[0]}: {getattr(optim, low[0])} needs use_precision_aware_optimizer: true "
+            "(without it megatron-core keeps every optimizer state in fp32)"
+        )
+    if optim.use_precision_aware_optimizer and not optim.use_distributed_optimizer:
+        problems.append(
+            "actor.optim.use_precision_aware_optimizer: needs use_distributed_optimizer: true (megatron-core)"
+        )
+    return problems
+
+
+def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
+    m = actor.model
+    problems = []
+    if m.pipeline_model_parallel_size != 1:
+        problems.append(
+            "actor.model.pipeline_model_parallel_size: this actor runs pipeline parallel size 1 only "
+            f"(got {m.pipeline_model_parallel_size}); use tensor / expert parallelism"
+        )
+    if m.context_parallel_size != 1 and not te_available:
+        problems.append(
+            "actor.model.context_parallel_size: context parallelism needs Transformer Engine attention "
+            f"(got {m.context_parallel_size}; the TE-free SDPA attention has none)"
+        )
+    if not m.multi_latent_attention:
+        problems.append("actor.model.multi_latent_attention: DeepSeek-V3 / Moonlight checkpoints are MLA")
+    if m.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+        problems.append(
+            f"actor.model.recompute_granularity: {m.recompute_granularity!r}; one of null, selective, full"
+        )
+    unknown = [name for name in m.recompute_modules if name not in SELECTIVE_RECOMPUTE_MODULES]
+    if unknown:
+        problems.append(
+            f"actor.model.recompute_modules: unknown {unknown}; choose from {', '.join(SELECTIVE_RECOMPUTE_MODULES)}"
+        )
+    if m.moe_token_dispatcher_type not in ("alltoall", "allgather"):
+        problems.append(
+            f"actor.model.moe_token_dispatcher_type: {m.moe_token_dispatcher_type!r}; alltoall or allgather "
+            "(flex needs DeepEP / HybridEP)"
+        )
+    if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
+        problems.append(
+            "actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1"
+        )
+    return problems
+
+
+def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
+    """The Megatron settings for a recipe's actor section; raises MegatronSettingsError when impossible."""
+    problems = model_problems(actor, te_available=te_available) + precision_problems(actor.optim)
+    if problems:
+        raise MegatronSettingsError("\n".join(problems))
+    warnings: list[str] = []
+    m, o = actor.model, actor.optim
+    bf16, fp16 = m.precision == "bf16", m.precision == "fp16"
+    provider: dict[str, Any] = {
+        "tensor_model_parallel_size": m.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": m.pipeline_model_parallel_size,
+        "expert_model_parallel_size": m.expert_model_parallel_size,
+        "expert_tensor_parallel_size": m.expert_tensor_parallel_size,
+        "context_parallel_size": m.context_parallel_size,
+        "sequence_parallel": m.sequence_parallel,
+        "seq_length": actor.seq_length,
+        "bf16": bf16,
+        "fp16": fp16,
+        "params_dtype": TORCH_DTYPE_NAMES[m.precision],
+        "pipeline_dtype": TORCH_DTYPE_NAMES[m.precision],
+        "moe_token_dispatcher_type": m.moe_token_dispatcher_type,
+        "moe_router_dtype": "fp32",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_router_load_balancing_type": "none",
+        "moe_router_bias_update_rate": m.moe_router_bias_update_rate,
+        "moe_grouped_gemm": te_available,
+        "mtp_num_layers": None,
+        "gradient_accumulation_fusion": False,
+        "recompute_granularity": m.recompute_granularity,
+        "recompute_modules": list(m.recompute_modules) if m.recompute_granularity == "selective" else None,
+        "recompute_method": "uniform" if m.recompute_granularity == "full" else None,
+        "recompute_num_layers": 1 if m.recompute_granularity == "full" else None,
+        # Logits come back in the compute dtype; logprobs.py upcasts chunk by chunk.
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+    }
+    if not te_available:
+        provider.update(
+            {
+                "transformer_impl": "local",
+                "cross_entropy_fusion_impl": "native",
+                "cross_entropy_loss_fusion": False,
+                "moe_permute_fusion": False,
+                "persist_layer_norm": False,
+                "moe_shared_expert_overlap": False,
+                "masked_softmax_fusion": False,
+            }
+        )
+    ddp = {
+        "grad_reduce_in_fp32": o.main_grads_dtype == "fp32",
+        "overlap_grad_reduce": False,
+        "overlap_param_gather": False,
+        "use_distributed_optimizer": o.use_distributed_optimizer,
+        "check_for_nan_in_grad": False,  # the update loop skips non-finite steps itself, on every rank
+        "average_in_collective": False,
+    }
+    precision_aware = o.use_precision_aware_optimizer
+    if precision_aware and not te_available:
+        warnings.append(
+            "actor.optim.use_precision_aware_optimizer: needs Transformer Engine's FusedAdam, which is not "
+            "installed; falling back to megatron-core's fp32 optimizer states (main params, exp_avg, "
+            "exp_avg_sq all fp32: same maths, more memory; docs/megatron.md has the per-GPU figures)"
+        )
+        precision_aware = False
+    optimizer = {
+        "optimizer": "adam",
+        "lr": o.lr,
+        "min_lr": o.lr,
+        "weight_decay": o.weight_decay,
+        "adam_beta1": o.adam_beta1,
+        "adam_beta2": o.adam_beta2,
+        "adam_eps": o.adam_eps,
+        "clip_grad": o.clip_grad,
+        "bf16": bf16,
+        "fp16": fp16,
+        "params_dtype": TORCH_DTYPE_NAMES[m.precision],
+        "use_distributed_optimizer": o.use_distributed_optimizer,
+        "use_precision_aware_optimizer": precision_aware,
+        "main_params_dtype": TORCH_DTYPE_NAMES[o.main_params_dtype if precision_aware else "fp32"],
+        "main_grads_dtype": TORCH_DTYPE_NAMES[o.main_grads_dtype if precision_aware else "fp32"],
+        "exp_avg_dtype": TORCH_DTYPE_NAMES[o.exp_avg_dtype if precision_aware else "fp32"],
+        "exp_avg_sq_dtype": TORCH_DTYPE_NAMES[o.exp_avg_sq_dtype if precision_aware else "fp32"],
+    }
+    if fp16:
+        optimizer.update({"loss_scale": None, "initial_loss_scale": 2.0**16})
+    return MegatronSettings(provider=provider, ddp=ddp, optimizer=optimizer, warnings=tuple(warnings))

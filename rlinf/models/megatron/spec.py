@@ -1,0 +1,165 @@
+"""Transformer Engine-free layer spec pieces for DeepSeek-V3 / Moonlight (MLA + MoE) in megatron-core.
+
+megatron-core 0.19.2's local (TE-free) GPT spec cannot build MLA (seen on an H200 without TE):
+1. its core attention, `DotProductAttention`, has no `k_channels` / `v_channels` parameters, which
+   MLA passes (qk head dim 192 != v head dim 128) -> `SDPACoreAttention` here, on torch SDPA;
+2. with `q_lora_rank` null, the MLA QK-norm resolver asks the backend for a fused norm+linear
+   query projection, which the local backend does not have (it would also be a second norm: the
+   local spec already applies `input_layernorm`) -> `LocalMLASelfAttention` resolves the projections
+   and norms explicitly: plain column-parallel linears, `IdentityOp` as q_layernorm when
+   q_lora_rank is null, `RMSNorm` on the compressed KV (HF `kv_a_layernorm`);
+3. its torch norm wrapper refuses sequence parallelism -> `RMSNorm` here, computed like the HF
+   model (fp32 statistics, cast back, then the weight) and marked for megatron's sequence-parallel
+   grad all-reduce.
+
+`te_free_block_spec(config)` is megatron-core's own decoder block spec (dense first layer, MoE
+layers with routed experts as SequentialMLP and shared experts) with those pieces swapped in. The
+actor uses it only when the real Transformer Engine is not importable; with TE the bridge's own
+TE spec is kept.
+
+Limits of the TE-free attention: no packed (THD) sequences and no context parallelism. The actor
+feeds right-padded sequences, so the causal mask alone keeps real tokens from seeing padding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm as transformers' DeepseekV3RMSNorm computes it, usable under sequence parallelism."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **_unused) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=config.params_dtype, device=_init_device(config))
+        )
+        # Under sequence parallelism each TP rank sees a slice of the tokens, so the weight's grad
+        # is partial; megatron all-reduces grads of parameters carrying this flag over TP.
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _init_device(config) -> torch.device:
+    if config.use_cpu_initialization or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class SDPACoreAttention(MegatronModule):
+    """Causal self-attention on torch SDPA for MLA: q/k head dim != v head dim is allowed.
+
+    Inputs [s, b, heads, dim] (this TP rank's heads); output [s, b, heads * v_dim].
+    `attention_mask` None means causal only (what the actor feeds); a megatron-style boolean mask
+    [b, 1, s, s] (True = masked out) is honoured too, combined with causality.
+    """
+
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection=None,
+        **_unused,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size > 1:
+            raise ValueError(
+                "SDPACoreAttention (the TE-free MLA attention) has no context parallelism; "
+                "set actor.model.context_parallel_size: 1 or install Transformer Engine"
+            )
+        self.softmax_scale = softmax_scale
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.layer_number = layer_number
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        **_unused,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None:
+            raise ValueError("SDPACoreAttention does not take packed (THD) sequences")
+        if attention_bias is not None:
+            raise ValueError("SDPACoreAttention does not take an attention bias")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+        dropout = self.dropout if self.training else 0.0
+        if attention_mask is None:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
+            )
+        else:
+            s = q.shape[2]
+            causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+            allowed = causal & ~attention_mask.bool()
+            # A row with nothing visible (padding) attends to itself, so no NaN reaches backward.
+            allowed = allowed | torch.eye(s, dtype=torch.bool, device=q.device)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout, scale=self.softmax_scale
+            )
+        b, h, s, d = out.shape
+        return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+
+class LocalMLASelfAttention(MLASelfAttention):
+    """MLASelfAttention with explicit (non-fused) projections and norms; see the module docstring."""
+
+    def _resolve_qk_norm_config(self, submodules) -> dict:
+        has_q_lora = self.config.q_lora_rank is not None
+        norm = RMSNorm if self.config.qk_layernorm else IdentityOp
+        return {
+            "linear_q_proj": submodules.linear_q_proj or ColumnParallelLinear,
+            "linear_q_up_proj": submodules.linear_q_up_proj or ColumnParallelLinear,
+            "linear_kv_up_proj": submodules.linear_kv_up_proj or ColumnParallelLinear,
+            "q_layernorm": norm if has_q_lora else IdentityOp,
+            "kv_layernorm": norm,
+        }
+
+
+def te_free_block_spec(config, vp_stage: int | None = None):
+    """megatron-core's local decoder block spec with the TE-free MLA pieces above."""
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
+    )
+    layer_specs = []
+    for layer_spec in block.layer_specs:
+        layer_spec = copy.deepcopy(layer_spec)
+        sub = layer_spec.submodules
+        sub.input_layernorm = RMSNorm
+        sub.pre_mlp_layernorm = RMSNorm
+        attention: ModuleSpec = sub.self_attention
+        if attention.module is not MLASelfAttention:
+            raise ValueError(f"te_free_block_spec builds MLA models only; the spec has {attention.module}")
+        attention.module = LocalMLASelfAttention
+        attention.submodules.core_attention = SDPACoreAttention
+        attention.submodules.q_layernorm = IdentityOp
+        attention.submodules.kv_layernorm = IdentityOp  # resolved by LocalMLASelfAttention
+        layer_specs.append(layer_spec)
+    block.layer_specs = layer_specs
+    block.layer_norm = RMSNorm
+    return block

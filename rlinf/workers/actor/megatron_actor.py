@@ -1,0 +1,422 @@
+"""Production actor: a megatron-core model built by Megatron-Bridge from the HF checkpoint.
+
+One Ray worker per actor GPU; the worker group sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT /
+LOCAL_RANK and this class joins the NCCL group itself (`INITS_PROCESS_GROUP`), then megatron's
+model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
+
+- Model: AutoBridge.from_hf_pretrained -> to_megatron_provider(load_weights=True) -> recipe
+  settings (rlinf.models.megatron.settings) -> finalize -> provide_distributed_model (megatron DDP,
+  Float16Module). Without Transformer Engine the layer spec is rlinf.models.megatron.spec's.
+- Logprobs: sequences are re-packed right-padded (positions 0..L-1, causal attention, no mask),
+  logits stay vocab-parallel and in the compute dtype, and rlinf.models.megatron.logprobs gives
+  tempered logprobs and entropy. Every TP rank of a DP group computes the same values.
+- Training: rlinf.workers.actor.policy_update's loop (shuffle, minibatches, global normaliser,
+  early stop / NaN skip from all-reduced values) with megatron's forward_backward_func as the
+  micro-batch schedule and megatron-core's distributed optimizer (grad clipping inside `step`).
+- Weights out: bridge.export_hf_weights (collective: every rank drains it; the conversion tasks are
+  built once); rank 0 returns the HF-named buckets.
+- Offload: DDP param and grad buffers and the optimizer state to CPU between phases.
+- Checkpoints: megatron dist_checkpointing (every rank writes its shards of weights and
+  distributed-optimizer state), per-rank RNG states, and the loop's counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rlinf.config.schema import Config
+from rlinf.data.batch import RolloutBatch
+from rlinf.utils.checkpoint import CheckpointError
+from rlinf.workers.actor.base import ActorWorker, WeightBucket
+from rlinf.workers.actor.policy_update import (
+    DPInfo,
+    LossFn,
+    PolicyUpdateBackend,
+    SkipCounter,
+    UpdateSettings,
+    dp_slice,
+    run_policy_update,
+)
+from rlinf.workers.actor.torch_actor import lr_multiplier
+
+logger = logging.getLogger(__name__)
+
+DIST_CKPT_DIR = "megatron"
+RNG_FILE = "rng_rank{rank}.pt"
+LOOP_STATE_FILE = "actor_loop_state.pt"
+
+
+def _set_default_dist_env(rank: int, world_size: int) -> None:
+    """Direct construction (tests, benchmarks): one process, rendezvous on localhost."""
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+
+
+class MegatronActor(ActorWorker, PolicyUpdateBackend):
+    INITS_PROCESS_GROUP = True
+
+    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
+        import torch.distributed as dist
+
+        from rlinf.models.megatron import te_placeholder
+        from rlinf.models.megatron.settings import translate
+        from rlinf.models.tiny import resolve_model_path
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("actor.training_backend=megatron needs a CUDA GPU (none visible)")
+        if cfg.algorithm.kl_beta > 0:
+            raise ValueError(
+                "algorithm.kl_beta > 0: the megatron actor has no reference model yet; use kl_beta: 0 "
+                "(GRPO with a clipped ratio needs none) or the torch actor"
+            )
+        self.cfg = cfg
+        _set_default_dist_env(rank, world_size)
+        # Ray shows each rank one GPU; under torchrun every GPU is visible and LOCAL_RANK picks one.
+        index = int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0
+        torch.cuda.set_device(index)
+        self.device = torch.device("cuda", index)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl", device_id=self.device)
+
+        self.te_available = te_placeholder.real_te_available()
+        self.megatron_settings = translate(cfg.actor, te_available=self.te_available)
+        for warning in self.megatron_settings.warnings:
+            logger.warning(warning)
+        self._init_parallel_state()
+        self._build_model(resolve_model_path(cfg.actor.model.model_path))
+        self._build_optimizer()
+        self.settings = UpdateSettings.from_config(cfg)
+        self.skips = SkipCounter()
+        self.optimizer_steps = 0
+        self.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
+        self._conversion_tasks = None
+        self.offloaded = False
+
+    # --- construction ------------------------------------------------------------------------------
+
+    def _init_parallel_state(self) -> None:
+        from megatron.core import parallel_state, tensor_parallel
+
+        m = self.cfg.actor.model
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=m.tensor_model_parallel_size,
+                pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+                context_parallel_size=m.context_parallel_size,
+                expert_model_parallel_size=m.expert_model_parallel_size,
+                expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+            )
+        tensor_parallel.model_parallel_cuda_manual_seed(self.cfg.runner.seed)
+        torch.manual_seed(self.cfg.runner.seed)
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp = DPInfo(
+            rank=parallel_state.get_data_parallel_rank(),
+            size=parallel_state.get_data_parallel_world_size(),
+            reports=self.tp_rank == 0
+            and parallel_state.is_pipeline_last_stage()
+            and parallel_state.get_context_parallel_rank() == 0,
+        )
+
+    def _build_model(self, model_path: str) -> None:
+        from megatron.core.distributed import DistributedDataParallelConfig
+
+        from rlinf.models.megatron.bridge import provider_for
+
+        m = self.cfg.actor.model
+        self.bridge, self.provider = provider_for(
+            model_path,
+            self.megatron_settings,
+            te_available=self.te_available,
+            trust_remote_code=m.trust_remote_code,
+        )
+        ddp_config = DistributedDataParallelConfig(**self.megatron_settings.ddp)
+        # No pre_wrap_hook argument: it would replace the bridge's HF weight load (bridge.py).
+        self.model = self.provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True)
+        self.compute_dtype = self.provider.params_dtype
+
+    def _build_optimizer(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.utils import get_model_config
+
+        from rlinf.models.megatron.bridge import with_torch_dtypes
+
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(**with_torch_dtypes(self.megatron_settings.optimizer)), self.model
+        )
+        config = get_model_config(self.model[0])
+        config.no_sync_func = self.model[0].no_sync
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = self.optimizer.scale_loss
+
+    # --- forward -----------------------------------------------------------------------------------
+
+    @property
+    def temperature(self) -> float:
+        t = self.cfg.algorithm.sampling_params.temperature
+        return t if t > 0 else 1.0
+
+    def dp_info(self) -> DPInfo:
+        return self.dp
+
+    def _pack(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded tokens [b, T] (prompt then all R response columns) and each row's prompt length."""
+        prompt_lens = micro.prompt_mask.sum(1)
+        width = micro.prompt_ids.shape[1]
+        r = micro.response_ids.shape[1]
+        total = int(prompt_lens.max()) + r
+        multiple = self.tp_size if self.cfg.actor.model.sequence_parallel else 1
+        total = -(-total // multiple) * multiple
+        tokens = torch.zeros(len(micro), total, dtype=torch.long)
+        for i, p in enumerate(prompt_lens.tolist()):
+            tokens[i, :p] = micro.prompt_ids[i, width - p :]
+            tokens[i, p : p + r] = micro.response_ids[i]
+        return tokens, prompt_lens
+
+    def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tempered logprobs and entropy [b, R] of the response tokens (0 where masked)."""
+        from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
+
+        tokens, prompt_lens = self._pack(micro)
+        tokens = tokens.to(self.device)
+        positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
+        # Logits stay in the compute dtype ([b, T, V / TP]); logprobs.py upcasts chunk by chunk.
+        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}  # Float16Module's
+        logits = model(input_ids=tokens, position_ids=positions, attention_mask=None, **half)
+        r = micro.response_ids.shape[1]
+        # Column p - 1 + j (the token before response token j) predicts response token j.
+        index = (prompt_lens.to(self.device) - 1)[:, None] + torch.arange(r, device=self.device)[None]
+        picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+        logprobs, entropy = vocab_parallel_logprobs(
+            picked,
+            micro.response_ids.to(self.device),
+            temperature=self.temperature,
+            vocab_start=self.tp_rank * logits.shape[-1],
+            group=self.tp_group,
+        )
+        mask = micro.response_mask.to(self.device).bool()
+        return logprobs.masked_fill(~mask, 0.0), entropy.masked_fill(~mask, 0.0)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        """old_logprobs for this DP rank's rows `dp_slice(len(batch), dp.rank, dp.size)`."""
+        rows = list(range(len(batch)))[dp_slice(len(batch), self.dp.rank, self.dp.size)]
+        mine = batch.select(rows) if self.dp.size > 1 else batch
+        for chunk in self.model:
+            chunk.eval()
+        width = mine.response_ids.shape[1]
+        parts = [torch.zeros(0, width)]
+        for micro in mine.split(self.cfg.actor.micro_batch_size):
+            logprobs, _ = self._logprobs(self.model[0], micro.trimmed())
+            parts.append(torch.nn.functional.pad(logprobs.float().cpu(), (0, width - logprobs.shape[1])))
+        return replace(mine, old_logprobs=torch.cat(parts), ref_logprobs=None)
+
+    # --- training: hooks of run_policy_update ------------------------------------------------------
+
+    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        for chunk in self.model:
+            chunk.train()
+        return run_policy_update(self, batch, self.settings, step, self.skips)
+
+    def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._logprobs(self.model[0], micro)
+
+    def forward_backward(self, micros, loss_fn: LossFn) -> list[dict[str, torch.Tensor]]:
+        """megatron's schedule (PP = 1: forward_backward_no_pipelining), then finalize_model_grads."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        metrics: list[dict[str, torch.Tensor]] = []
+        num = len(micros)
+
+        def forward_step(data_iterator, model):
+            micro = next(data_iterator)
+            logprobs, entropy = self._logprobs(model, micro)
+
+            def loss_func(_output):
+                out = loss_fn(micro, logprobs, entropy)
+                metrics.append(out.metrics)
+                # The schedule divides a (loss, dict) result by the number of micro-batches; our
+                # loss is already this micro-batch's share of the minibatch total.
+                return out.backward_loss * num, {}
+
+            return logprobs, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micros),
+            model=self.model,
+            num_microbatches=num,
+            seq_length=max(int(m.prompt_mask.sum(1).max()) + m.response_ids.shape[1] for m in micros),
+            micro_batch_size=max(len(m) for m in micros),
+            forward_only=False,
+        )
+        return metrics
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        if self.dp.size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        on_device = tensor.to(self.device, copy=True)
+        dist.all_reduce(on_device, op=reduce_op, group=self.dp_group)
+        return on_device.cpu()
+
+    def zero_grad(self) -> None:
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """The global pre-clip grad norm; the clipping itself happens inside optimizer.step()."""
+        found_inf = self.optimizer.prepare_grads()
+        if found_inf:
+            return float("inf")
+        norm = self.optimizer.get_grad_norm()
+        return float("nan") if norm is None else float(norm)
+
+    def optimizer_step(self) -> None:
+        lr = self.cfg.actor.optim.lr * self.lr_at(self.optimizer_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer_steps += 1
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- weights -----------------------------------------------------------------------------------
+
+    def iter_hf_weights(self, cpu: bool = True):
+        """(hf_name, full tensor) for every weight; collective: every rank must drain it."""
+        if self._conversion_tasks is None:
+            self._conversion_tasks = self.bridge.get_conversion_tasks(self.model)
+        yield from self.bridge.export_hf_weights(
+            self.model, cpu=cpu, show_progress=False, conversion_tasks=self._conversion_tasks
+        )
+
+    def export_weights(self, bucket_bytes: int) -> list[WeightBucket]:
+        """HF-named buckets on global rank 0 (empty elsewhere); every rank must be called."""
+        import torch.distributed as dist
+
+        keep = dist.get_rank() == 0
+        buckets: list[WeightBucket] = []
+        current: WeightBucket = []
+        size = 0
+        for name, tensor in self.iter_hf_weights(cpu=True):
+            if not keep:
+                continue
+            nbytes = tensor.numel() * tensor.element_size()
+            if current and size + nbytes > bucket_bytes:
+                buckets.append(current)
+                current, size = [], 0
+            current.append((name, tensor))
+            size += nbytes
+        if current:
+            buckets.append(current)
+        return buckets
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor for bucket in self.export_weights(2**62) for name, tensor in bucket}
+
+    # --- memory ------------------------------------------------------------------------------------
+
+    def _buffers(self):
+        for chunk in self.model:
+            yield from chunk.buffers
+            yield from chunk.expert_parallel_buffers
+
+    def offload(self) -> dict[str, float]:
+        """Param and grad buffers and optimizer state to CPU; returns the GPU memory freed (GiB)."""
+        if self.offloaded:
+            return {"actor/offload_freed_gib": 0.0}
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        for buffer in self._buffers():
+            buffer.offload_to_cpu(move_params=True, move_grads=True)
+        self.optimizer.offload_to_cpu()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self.offloaded = True
+        freed = (before - torch.cuda.memory_allocated()) / 2**30
+        logger.info("megatron actor offload: %.2f GiB freed", freed)
+        return {"actor/offload_freed_gib": freed}
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        for buffer in self._buffers():
+            buffer.reload_from_cpu(move_params=True, move_grads=True)
+        self.optimizer.restore_from_cpu()
+        torch.cuda.synchronize()
+        self.offloaded = False
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def _sharded_state(self, is_loading: bool) -> dict:
+        model_state = self.model[0].module.sharded_state_dict()
+        return {
+            "model": model_state,
+            "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
+        }
+
+    def save(self, directory: str) -> None:
+        """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
+        import torch.distributed as dist
+        from megatron.core import dist_checkpointing, tensor_parallel
+
+        path = Path(directory)
+        ckpt = path / DIST_CKPT_DIR
+        if dist.get_rank() == 0:
+            ckpt.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(is_loading=False), str(ckpt))
+        rng = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(),
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        }
+        torch.save(rng, path / RNG_FILE.format(rank=dist.get_rank()))
+        if dist.get_rank() == 0:
+            loop = {
+                "optimizer_steps": self.optimizer_steps,
+                "skips": (self.skips.consecutive, self.skips.total),
+            }
+            torch.save(loop, path / LOOP_STATE_FILE)
+        dist.barrier()
+
+    def load(self, directory: str) -> None:
+        import torch.distributed as dist
+        from megatron.core import dist_checkpointing, tensor_parallel
+
+        path = Path(directory)
+        ckpt = path / DIST_CKPT_DIR
+        for needed in (ckpt, path / LOOP_STATE_FILE, path / RNG_FILE.format(rank=dist.get_rank())):
+            if not needed.exists():
+                raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
+        try:
+            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
+            self.model[0].module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            rng = torch.load(path / RNG_FILE.format(rank=dist.get_rank()), weights_only=False)
+            loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(f"{ckpt}: corrupt or incompatible megatron checkpoint: {err}") from None
+        torch.set_rng_state(rng["torch"])
+        torch.cuda.set_rng_state(rng["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+        self.optimizer_steps = loop["optimizer_steps"]
+        self.skips = SkipCounter(*loop["skips"])

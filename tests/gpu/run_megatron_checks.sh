@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
+# carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
+#
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|all]   (default: all)
+#
+#   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
+#   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
+#   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
+#   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
+#
+# .h10-pytest holds pytest wheels (the device image has none); .h9-tiny is a warm-started GPU-tiny
+# built on the CPU machine:
+#   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
+#     build_tiny_checkpoint as b; b('.h9-tiny', S)"
+# Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/megatron-checks}
+mkdir -p "$OUT"
+export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
+[ -d .h9-tiny ] && export RLINF_GPU_TINY=$PWD/.h9-tiny
+
+source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+if ! python3 -c "import pytest" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site/pytest .h10-pytest/*.whl 2>/dev/null ||
+    [ -d /tmp/site/pytest ] || { echo "no pytest: carry .h10-pytest" >&2; exit 1; }
+  export PYTHONPATH=/tmp/site/pytest${PYTHONPATH:+:$PYTHONPATH}
+fi
+PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -x)
+status=0
+run() { echo "== $*"; "$@" || status=1; }
+
+mode=${1:-all}
+case "$mode" in
+  smoke) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py \
+           -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
+  actor|all) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py 2>&1 | tail -n 60 ;;&
+  grpo|all) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 60 ;;&
+  bench|all)
+    slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
+    [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
+    run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" | tee -a "$RLINF_GPU_FIGURES" ;;
+  smoke|actor|grpo|bench|all) ;;
+  *) echo "usage: $0 [smoke|actor|grpo|bench|all]" >&2; exit 2 ;;
+esac
+cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
+exit $status

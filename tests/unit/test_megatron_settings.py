@@ -1,0 +1,97 @@
+"""Recipe -> Megatron settings (rlinf.models.megatron.settings): pure translation, no megatron needed."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlinf.config import ConfigError, load_config
+from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
+from rlinf.models.megatron.settings import MegatronSettingsError, precision_problems, translate
+
+ROOT = Path(__file__).resolve().parents[2]
+MOONLIGHT = ROOT / "examples/reasoning/config/math/moonlight-16b-grpo-megatron.yaml"
+
+
+def moonlight_actor() -> ActorConfig:
+    return load_config(str(MOONLIGHT)).actor
+
+
+def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names():
+    s = translate(moonlight_actor(), te_available=True)
+    p = s.provider
+    assert (p["tensor_model_parallel_size"], p["expert_model_parallel_size"], p["expert_tensor_parallel_size"]) == (8, 8, 1)
+    assert p["pipeline_model_parallel_size"] == 1 and p["context_parallel_size"] == 1 and p["sequence_parallel"]
+    assert p["seq_length"] == 9216 and p["bf16"] and p["params_dtype"] == "bfloat16"
+    # RL: no aux loss, frozen routing bias, fp32 router, alltoall, no MTP, no apex fusion
+    assert p["moe_aux_loss_coeff"] == 0.0 and p["moe_router_load_balancing_type"] == "none"
+    assert p["moe_router_bias_update_rate"] == 0.0 and p["moe_router_dtype"] == "fp32"
+    assert p["moe_token_dispatcher_type"] == "alltoall" and p["mtp_num_layers"] is None
+    assert p["gradient_accumulation_fusion"] is False
+    assert p["recompute_granularity"] == "selective" and p["recompute_modules"] == ["core_attn", "moe_act"]
+    assert p["moe_grouped_gemm"] is True  # with Transformer Engine
+    o = s.optimizer
+    assert o["use_distributed_optimizer"] and o["use_precision_aware_optimizer"]
+    assert (o["main_params_dtype"], o["exp_avg_dtype"], o["exp_avg_sq_dtype"]) == ("float32", "bfloat16", "bfloat16")
+    assert o["lr"] == 1e-6 and o["clip_grad"] == 1.0 and o["bf16"]
+    assert s.ddp["use_distributed_optimizer"] and s.warnings == ()
+
+
+def test_without_transformer_engine_fusions_are_off_and_the_precision_aware_optimizer_falls_back():
+    s = translate(moonlight_actor(), te_available=False)
+    p = s.provider
+    assert p["transformer_impl"] == "local" and p["cross_entropy_fusion_impl"] != "te"
+    assert not p["moe_grouped_gemm"] and not p["moe_permute_fusion"] and not p["persist_layer_norm"]
+    o = s.optimizer
+    assert not o["use_precision_aware_optimizer"]
+    assert {o[k] for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")} == {"float32"}
+    assert len(s.warnings) == 1 and "FusedAdam" in s.warnings[0]
+
+
+def test_recompute_full_uses_uniform_single_layer_checkpoints():
+    actor = ActorConfig(model=ModelConfig(recompute_granularity="full"))
+    p = translate(actor, te_available=False).provider
+    assert (p["recompute_method"], p["recompute_num_layers"], p["recompute_modules"]) == ("uniform", 1, None)
+
+
+def test_fp32_recipe_keeps_fp32_everywhere():
+    s = translate(ActorConfig(model=ModelConfig(precision="fp32")), te_available=False)
+    assert not s.provider["bf16"] and s.provider["params_dtype"] == "float32"
+    assert s.ddp["grad_reduce_in_fp32"] and s.optimizer["params_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_bf16_or_fp8_master_weights_are_refused(dtype):
+    optim = OptimConfig(use_precision_aware_optimizer=True, main_params_dtype=dtype)
+    (problem,) = precision_problems(optim)
+    assert problem.startswith("actor.optim.main_params_dtype:") and "fp32 or fp16" not in problem
+    assert "fp32, fp16" in problem
+    with pytest.raises(MegatronSettingsError, match="main_params_dtype"):
+        translate(ActorConfig(optim=optim), te_available=True)
+
+
+def test_low_precision_states_need_the_precision_aware_optimizer():
+    (problem,) = precision_problems(OptimConfig(exp_avg_dtype="bf16"))
+    assert "use_precision_aware_optimizer" in problem and problem.startswith("actor.optim.exp_avg_dtype")
+    assert precision_problems(OptimConfig(use_precision_aware_optimizer=True, exp_avg_dtype="fp8")) == []
+    (problem,) = precision_problems(OptimConfig(exp_avg_sq_dtype="int4"))
+    assert "exp_avg_sq_dtype" in problem
+
+
+def test_unsupported_parallel_layouts_are_named():
+    with pytest.raises(MegatronSettingsError, match="pipeline_model_parallel_size"):
+        translate(ActorConfig(model=ModelConfig(pipeline_model_parallel_size=2)), te_available=True)
+    with pytest.raises(MegatronSettingsError, match="context_parallel_size"):
+        translate(ActorConfig(model=ModelConfig(context_parallel_size=2)), te_available=False)
+    with pytest.raises(MegatronSettingsError, match="recompute_modules"):
+        translate(ActorConfig(model=ModelConfig(recompute_granularity="selective", recompute_modules=("x",))), te_available=True)
+
+
+def test_the_loader_refuses_bf16_master_weights_before_any_worker_starts():
+    with pytest.raises(ConfigError, match="main_params_dtype"):
+        load_config(str(MOONLIGHT), overrides=["actor.optim.main_params_dtype=bf16"])
+
+
+def test_the_moonlight_recipe_itself_is_valid():
+    actor = moonlight_actor()
+    assert actor.optim.main_params_dtype == "fp32" and replace(actor).training_backend == "megatron"
