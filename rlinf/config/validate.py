@@ -135,10 +135,6 @@ def check_placement(cfg: Config) -> None:
                 f"actor.model: EP x ETP = {expert_parallel} does not divide the "
                 f"{actor_gpus // m.pipeline_model_parallel_size} GPU(s) of a pipeline stage"
             )
-        if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
-            raise ConfigError(
-                "actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1"
-            )
     if cfg.rollout.rollout_backend == "sglang":
         tp = cfg.rollout.tensor_parallel_size
         if rollout_gpus == 0 or rollout_gpus % tp:

@@ -1,0 +1,170 @@
+"""Every cross-field rule in rlinf/config/validate.py RULES is exercised by a recipe only it refuses.
+
+Deleting a rule from RULES makes its cases fail; a new rule without a case fails
+test_every_rule_has_a_case. Add a case to CASES: (rule name, recipe, overrides, message fragment).
+"""
+
+import pytest
+
+from rlinf.config import ConfigError, load_config
+from rlinf.config import validate as validate_module
+
+TINY, MOONLIGHT = "tiny-moe-grpo-cpu", "moonlight-16b-grpo-megatron"
+FILES = ["data.type=math", "data.train_data_paths=[a.jsonl]"]
+
+CASES = [
+    ("check_names", TINY, ["algorithm.adv_type=ppo"], "algorithm.adv_type: 'ppo' is not one of"),
+    ("check_names", TINY, ["algorithm.loss_type=dpo"], "algorithm.loss_type: 'dpo' is not one of"),
+    ("check_names", TINY, ["algorithm.loss_agg_func=sum"], "algorithm.loss_agg_func: 'sum'"),
+    ("check_names", TINY, ["algorithm.kl_penalty_type=k4"], "algorithm.kl_penalty_type: 'k4'"),
+    ("check_names", TINY, ["reward.reward_type=code"], "reward.reward_type: 'code'"),
+    ("check_names", TINY, ["actor.training_backend=jax"], "actor.training_backend: 'jax'"),
+    ("check_names", TINY, ["rollout.rollout_backend=vllm"], "rollout.rollout_backend: 'vllm'"),
+    ("check_names", TINY, ["actor.model.model_type=llama"], "actor.model.model_type: 'llama'"),
+    ("check_names", TINY, ["rollout.model.model_type=qwen2"], "rollout.model.model_type: 'qwen2'"),
+    (
+        "check_names",
+        TINY,
+        ["runner.logger.logger_backends=[wandb]"],
+        "runner.logger.logger_backends: 'wandb'",
+    ),
+    ("check_algorithm_ranges", TINY, ["algorithm.group_size=1"], "algorithm.group_size: 1 < 2"),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.ratio_clip_eps=1.5"],
+        "algorithm.ratio_clip_eps must be in (0, 1)",
+    ),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.clip_ratio_c=0.5"],
+        "algorithm.clip_ratio_c: 0.5 must be > 1",
+    ),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.kl_beta=-0.1"],
+        "algorithm.kl_beta and algorithm.entropy_bonus",
+    ),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.rollout_is.clip=0"],
+        "algorithm.rollout_is.clip must be > 0",
+    ),
+    ("check_algorithm_ranges", TINY, ["algorithm.val_n=0"], "algorithm.val_n must be >= 1"),
+    ("check_algorithm_ranges", TINY, ["algorithm.sampling_params.top_k=0"], "top_k = -1 or >= 1"),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.sampling_params.min_new_tokens=65"],
+        "min_new_tokens <= max_new_tokens",
+    ),
+    (
+        "check_sequence_lengths",
+        TINY,
+        ["actor.seq_length=100"],
+        "actor.seq_length: 100 < data.max_prompt_length (64)",
+    ),
+    (
+        "check_placement",
+        TINY,
+        ["cluster.num_gpus_per_node=2"],
+        "the torch actor runs one worker per GPU but 2 GPUs",
+    ),
+    (
+        "check_placement",
+        MOONLIGHT,
+        ["cluster.num_gpus_per_node=4"],
+        "TP x PP x CP = 8 does not divide the 4 GPU",
+    ),
+    (
+        "check_placement",
+        MOONLIGHT,
+        ["actor.model.expert_model_parallel_size=3"],
+        "EP x ETP = 3 does not divide",
+    ),
+    (
+        "check_megatron_settings",
+        MOONLIGHT,
+        ["actor.model.sequence_parallel=false"],
+        "sequence_parallel: must be true",
+    ),
+    (
+        "check_placement",
+        MOONLIGHT,
+        ["rollout.tensor_parallel_size=3"],
+        "rollout.tensor_parallel_size: 3 does not divide the 8",
+    ),
+    ("check_actor_data_parallel", TINY, ["actor.num_workers=0"], "actor.num_workers: 0 < 1"),
+    (
+        "check_batch_sizes",
+        TINY,
+        ["actor.global_batch_size=48"],
+        "actor.global_batch_size: 48 does not divide the 128",
+    ),
+    (
+        "check_batch_sizes",
+        TINY,
+        ["actor.micro_batch_size=24"],
+        "not divisible by actor.micro_batch_size (24)",
+    ),
+    ("check_batch_sizes", TINY, ["data.rollout_batch_size=0"], "data.rollout_batch_size must be >= 1"),
+    (
+        "check_sglang_parallelism",
+        MOONLIGHT,
+        ["cluster.num_nodes=2", "rollout.tensor_parallel_size=16"],
+        "does not fit the 8 GPU(s) of a node",
+    ),
+    (
+        "check_megatron_settings",
+        MOONLIGHT,
+        ["actor.optim.main_params_dtype=bf16"],
+        "main_params_dtype: 'bf16'",
+    ),
+    ("check_data", TINY, ["data.type=math"], "data.train_data_paths: empty"),
+    ("check_data", TINY, FILES, "data.val_data_paths: empty but runner.val_check_interval > 0"),
+    ("check_data", TINY, ["data.val_batch_size=0"], "data.val_batch_size: 0 must be >= 1"),
+    ("check_data", TINY, ["actor.model.model_path=''"], "actor.model.model_path: empty"),
+    ("check_runner", TINY, ["runner.max_steps=0"], "runner.max_steps must be -1 or >= 1"),
+    ("check_runner", TINY, ["runner.keep_checkpoints=0"], "runner.keep_checkpoints >= 1"),
+    ("check_runner", TINY, ["runner.save_interval=-1"], "save_interval must be >= 0"),
+    (
+        "check_honoured",
+        TINY,
+        ["rollout.gpu_memory_utilization=0.8"],
+        "rollout.gpu_memory_utilization: set to 0.8",
+    ),
+]
+IDS = [f"{rule}:{' '.join(overrides)}" for rule, _, overrides, _ in CASES]
+
+
+def test_every_rule_has_a_case():
+    rules = {rule.__name__ for rule in validate_module.RULES}
+    covered = {case[0] for case in CASES}
+    assert not rules - covered, (
+        f"rules without a case: {sorted(rules - covered)}; add (rule name, recipe, overrides, message "
+        "fragment) to CASES in tests/unit/test_config_rules.py"
+    )
+    assert not covered - rules, f"CASES name rules that are not in validate.RULES: {sorted(covered - rules)}"
+
+
+@pytest.mark.parametrize(("rule", "recipe", "overrides", "fragment"), CASES, ids=IDS)
+def test_the_rule_refuses_its_case(rule, recipe, overrides, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, overrides)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(("rule", "recipe", "overrides", "fragment"), CASES, ids=IDS)
+def test_without_the_rule_the_case_is_not_refused_that_way(rule, recipe, overrides, fragment, monkeypatch):
+    # The case exercises this rule and no other: with the rule gone, that message never appears.
+    others = tuple(r for r in validate_module.RULES if r.__name__ != rule)
+    monkeypatch.setattr(validate_module, "RULES", others)
+    try:
+        load_config(recipe, overrides)
+    except (ConfigError, ZeroDivisionError) as err:  # a later rule may trip over the bad value
+        assert fragment not in str(err), (
+            f"another rule also raises {fragment!r}: the check is duplicated; keep it in one rule"
+        )
