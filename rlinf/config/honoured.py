@@ -90,7 +90,7 @@ def _rollout() -> tuple[Reader, ...]:
     """A generation setting both rollouts must honour."""
     return (
         TORCH_ROLLOUT.reads(TORCH_ROLLOUT_MODULE),
-        SGLANG_ROLLOUT.reads(SGLANG_ROLLOUT_MODULE, pending=SGLANG_HELPER),
+        SGLANG_ROLLOUT.reads(SGLANG_ROLLOUT_MODULE),
     )
 
 

@@ -143,6 +143,19 @@ def check_placement(cfg: Config) -> None:
             )
 
 
+def check_sglang_parallelism(cfg: Config) -> None:
+    """An SGLang engine's TP (and EP, = TP when rollout.sglang.enable_ep_moe) GPUs sit on one node."""
+    if cfg.rollout.rollout_backend != "sglang":
+        return
+    tp, per_node = cfg.rollout.tensor_parallel_size, cfg.cluster.num_gpus_per_node or 0
+    what = "tensor x expert parallel" if cfg.rollout.sglang.enable_ep_moe and tp > 1 else "tensor parallel"
+    if tp < 1 or (per_node and (tp > per_node or per_node % tp)):
+        raise ConfigError(
+            f"rollout.tensor_parallel_size: {tp} ({what}) does not fit the {per_node} GPU(s) of a node "
+            "(cluster.num_gpus_per_node); one SGLang engine runs on the GPUs of one node"
+        )
+
+
 def check_data(cfg: Config) -> None:
     d = cfg.data
     if d.type == "math" and not d.train_data_paths:
@@ -204,6 +217,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_sequence_lengths,
     check_placement,
     check_batch_sizes,
+    check_sglang_parallelism,
     check_megatron_settings,
     check_data,
     check_runner,

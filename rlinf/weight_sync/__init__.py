@@ -1,10 +1,110 @@
-"""Actor -> rollout weight transfer. Embedded backends pass bucketed tensors through Ray's object
-store (the rollout fetches them directly from the actor's node, never through the driver)."""
+"""Actor -> rollout weight transfer, one strategy per placement (rlinf/weight_sync/plan.py):
+
+- object store (embedded backends): the actor's CPU buckets travel through Ray's object store;
+  the rollout fetches them from the actor's node, never through the driver.
+- CUDA IPC (colocated SGLang): each bucket is flattened into one GPU buffer on the actor, its IPC
+  handle goes to the engine (`update_weights_from_tensor`, flattened_bucket); the actor keeps every
+  buffer until the engines have flushed. Released engine weights are resumed first, the KV cache
+  after the push.
+- NCCL (disaggregated SGLang): a weight-update group (actor rank 0 + every engine GPU) is built once,
+  then each bucket is broadcast while the engines receive it (`update_weights_from_distributed`).
+
+The runner times the whole call as time/weight_sync. The driver only sends small messages (bucket
+layouts, IPC handles); tensors never pass through it.
+"""
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
 
-def sync_weights(roles, bucket_mb: int) -> None:
-    buckets_ref = roles.actor.call_async("export_weights", bucket_mb * 1024 * 1024)[0]
+from rlinf.weight_sync.plan import (
+    CUDA_IPC,
+    NCCL,
+    OBJECT_STORE,
+    WEIGHT_GROUP_NAME,
+    choose_strategy,
+    nccl_group_plan,
+)
+
+MIB = 1024 * 1024
+# Per rollout group: the chosen strategy (asked once) and whether its NCCL group exists.
+_chosen: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_nccl_ready: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def sync_weights(roles, bucket_mb: int) -> str:
+    """Push the actor's current weights into every rollout engine; returns the strategy used."""
+    strategy = strategy_for(roles)
+    SYNCS[strategy](roles, bucket_mb * MIB)
+    return strategy
+
+
+def strategy_for(roles) -> str:
+    rollout = roles.rollout
+    if rollout not in _chosen:
+        # A rollout that takes GPU transfers says so (`weight_sync_info`); the embedded one does not.
+        info = (
+            rollout.call_rank0("weight_sync_info")
+            if "weight_sync_info" in rollout.call_rank0("__dir__")
+            else {}
+        )
+        _chosen[rollout] = choose_strategy(info.get("methods", (OBJECT_STORE,)), roles.colocated)
+    return _chosen[rollout]
+
+
+def sync_object_store(roles, bucket_bytes: int) -> None:
+    buckets_ref = roles.actor.call_async("export_weights", bucket_bytes)[0]
     # An ObjectRef passed as an argument is resolved by Ray inside the rollout worker.
     roles.rollout.call("update_weights", buckets_ref)
+
+
+def sync_cuda_ipc(roles, bucket_bytes: int) -> None:
+    actor, rollout = roles.actor, roles.rollout
+    rollout.call("wake", ["weights"])  # a released engine gets empty weight memory back, filled below
+    # Every actor rank takes part (a sharded actor's export is collective); rank 0's layout is the plan.
+    layouts = actor.call("weight_export", "begin", bucket_bytes)[0]
+    try:
+        for index in range(len(layouts)):
+            handles = actor.call("weight_export", "ipc_handle", index)  # one per actor rank
+            rollout.call("update_weights_ipc", handles)
+        rollout.call("flush_cache")
+    finally:
+        actor.call("weight_export", "end")  # only now may the actor reuse the buffers
+    rollout.call("wake", ["kv_cache", "cuda_graph"])
+
+
+def sync_nccl(roles, bucket_bytes: int) -> None:
+    actor, rollout = roles.actor, roles.rollout
+    if not _nccl_ready.get(rollout):
+        join_nccl_group(roles)
+        _nccl_ready[rollout] = True
+    layouts = actor.call("weight_export", "begin", bucket_bytes)[0]
+    try:
+        for index, layout in enumerate(layouts):
+            receiving = rollout.call_async("update_weights_nccl", layout.names, layout.dtypes, layout.shapes)
+            actor.call("weight_export", "broadcast", index)
+            rollout._get(receiving)
+        rollout.call("flush_cache")
+    finally:
+        actor.call("weight_export", "end")
+
+
+def join_nccl_group(roles) -> None:
+    """Engines and actor rank 0 join one group at the same time (each side blocks until all have)."""
+    actor, rollout = roles.actor, roles.rollout
+    tp_size = rollout.call_rank0("weight_sync_info")["tp_size"]
+    plan = nccl_group_plan(len(rollout), tp_size)
+    host, port = actor.call_rank0("weight_export", "address")
+    engines = [
+        handle.execute.remote("init_weight_group", host, port, offset, plan.world_size, WEIGHT_GROUP_NAME)
+        for handle, offset in zip(rollout.handles, plan.rank_offsets, strict=True)
+    ]
+    trainer = actor.handles[0].execute.remote(
+        "weight_export", "join_group", host, port, plan.world_size, WEIGHT_GROUP_NAME
+    )
+    rollout._get(engines)
+    actor._get([trainer])
+
+
+SYNCS = {OBJECT_STORE: sync_object_store, CUDA_IPC: sync_cuda_ipc, NCCL: sync_nccl}

@@ -191,6 +191,15 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             for bucket in iter_weight_buckets(self.model, bucket_bytes)
         ]
 
+    def weight_export(self, verb: str, *args):
+        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang); see rlinf.weight_sync.exporter."""
+        from rlinf.models.weights import iter_weight_buckets
+        from rlinf.weight_sync.exporter import WeightExporter, dispatch
+
+        if not hasattr(self, "_weight_exporter"):
+            self._weight_exporter = WeightExporter(lambda size: iter_weight_buckets(self.model, size))
+        return dispatch(self._weight_exporter, verb, *args)
+
     def offload(self) -> None:
         if self.device.type == "cuda":
             self._move_to(torch.device("cpu"))

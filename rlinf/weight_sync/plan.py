@@ -1,0 +1,125 @@
+"""Pure pieces of a weight sync: which strategy a placement uses, bucket metadata, the flattened
+bucket layout, and the NCCL group's ranks. No Ray, no sglang: tested on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+OBJECT_STORE = "object_store"  # embedded backends: CPU buckets through Ray's object store
+CUDA_IPC = "cuda_ipc"  # colocated SGLang: the actor's GPU buckets shared by CUDA IPC handles
+NCCL = "nccl"  # disaggregated SGLang: the actor broadcasts each bucket to the engines
+STRATEGIES = (OBJECT_STORE, CUDA_IPC, NCCL)
+WEIGHT_GROUP_NAME = "rlinf_weight_sync"
+
+
+def choose_strategy(rollout_takes: Sequence[str], colocated: bool) -> str:
+    """The strategy for a placement: what the rollout accepts (its `weight_sync_methods`), and
+    whether it shares GPUs with the actor (IPC needs the same GPUs, NCCL needs different ones)."""
+    preferred = CUDA_IPC if colocated else NCCL
+    if preferred in rollout_takes:
+        return preferred
+    if OBJECT_STORE in rollout_takes:
+        return OBJECT_STORE
+    raise ValueError(f"the rollout accepts weights only by {list(rollout_takes)}; none fits this placement")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str  # torch dtype name without "torch.", e.g. "bfloat16" (what SGLang's API takes)
+    shape: tuple[int, ...]
+    start: int  # byte offset in the flattened bucket
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BucketMeta:
+    tensors: tuple[TensorMeta, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    @property
+    def dtypes(self) -> list[str]:
+        return [t.dtype for t in self.tensors]
+
+    @property
+    def shapes(self) -> list[list[int]]:
+        return [list(t.shape) for t in self.tensors]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def bucket_meta(bucket: Sequence[tuple[str, torch.Tensor]]) -> BucketMeta:
+    metas, offset = [], 0
+    for name, tensor in bucket:
+        nbytes = tensor.numel() * tensor.element_size()
+        metas.append(TensorMeta(name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, nbytes))
+        offset += nbytes
+    return BucketMeta(tuple(metas))
+
+
+def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, BucketMeta]:
+    """One contiguous uint8 buffer holding every tensor of the bucket (mixed dtypes), plus its layout.
+
+    A fresh copy on the tensors' device: the model may change afterwards without touching it.
+    """
+    if not bucket:
+        raise ValueError("cannot flatten an empty bucket")
+    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
+    return flat, bucket_meta(bucket)
+
+
+def unflatten_bucket(flat: torch.Tensor, meta: BucketMeta) -> list[tuple[str, torch.Tensor]]:
+    """Views of `flat` under the bucket's names, dtypes and shapes (the inverse of flatten_bucket)."""
+    return [
+        (t.name, flat[t.start : t.start + t.nbytes].view(getattr(torch, t.dtype)).reshape(t.shape))
+        for t in meta.tensors
+    ]
+
+
+@dataclass(frozen=True)
+class NcclGroupPlan:
+    """The weight-update group: the actor's exporting rank is rank 0, engine k's TP rank j is
+    1 + k * tp_size + j (SGLang computes rank_offset + tp_rank itself)."""
+
+    world_size: int
+    rank_offsets: tuple[int, ...]  # one per engine
+
+
+def nccl_group_plan(num_engines: int, tp_size: int) -> NcclGroupPlan:
+    if num_engines < 1 or tp_size < 1:
+        raise ValueError(f"need >= 1 engine of >= 1 GPU, got {num_engines} x {tp_size}")
+    return NcclGroupPlan(
+        world_size=1 + num_engines * tp_size,
+        rank_offsets=tuple(1 + k * tp_size for k in range(num_engines)),
+    )
+
+
+def handles_for_engine(handles: Sequence[bytes | None], engine_rank: int, tp_size: int) -> list[bytes]:
+    """The IPC payload of one engine: one serialized bucket per TP rank.
+
+    One producer (the torch actor): every TP rank opens the same handle. One producer per GPU (a
+    sharded actor colocated GPU for GPU): TP rank j of engine k takes producer k * tp_size + j's,
+    i.e. the copy on its own GPU. Producers with nothing to send return None.
+    """
+    given = [h for h in handles if h is not None]
+    if len(given) == 1:
+        return given * tp_size
+    start = engine_rank * tp_size
+    if len(given) < start + tp_size:
+        raise ValueError(
+            f"engine {engine_rank} of TP {tp_size} needs IPC handles {start}..{start + tp_size - 1}, "
+            f"but the actor produced {len(given)}"
+        )
+    return given[start : start + tp_size]

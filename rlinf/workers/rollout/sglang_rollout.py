@@ -1,0 +1,161 @@
+"""The SGLang rollout: one Ray worker per rollout data-parallel group, each owning one offline
+Engine over `rollout.tensor_parallel_size` GPUs (docs/sglang.md).
+
+Token ids go in and out; our tokenizer decodes the responses for the grader. Logprobs are SGLang's
+`output_token_logprobs` of the sampled tokens (log-softmax of logits / temperature before top-k /
+top-p, after the min_new_tokens EOS mask; docs/sglang.md, "Logprob semantics").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlinf.config.schema import Config
+from rlinf.config.validate import placement_of
+from rlinf.data.batch import RolloutBatch
+from rlinf.data.datasets import PromptItem
+from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, handles_for_engine
+from rlinf.workers.common import eos_token_ids, pad_token_id
+from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
+from rlinf.workers.rollout.sampling import SamplingParams
+from rlinf.workers.rollout.sglang_args import (
+    ALL_MEMORY_TAGS,
+    check_expert_parallel,
+    decode_responses,
+    engine_kwargs,
+    engine_spans,
+    expert_parallel_size,
+    parse_outputs,
+    request_seeds,
+    sampling_dicts,
+)
+from rlinf.workers.rollout.sglang_engine import SGLangEngine, import_sglang
+
+logger = logging.getLogger(__name__)
+
+
+class SGLangRollout(RolloutWorker):
+    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
+        import_sglang()  # the install hint before anything else
+        from rlinf.models.loader import load_tokenizer
+        from rlinf.models.tiny import resolve_model_path
+
+        self.cfg, self.rank = cfg, rank
+        r = cfg.rollout
+        self.tp_size = r.tensor_parallel_size
+        placement = placement_of(cfg)
+        self.colocated = placement.is_colocated("actor", "rollout")
+        span = engine_spans(placement.gpus["rollout"], self.tp_size)[rank]
+        self.where = f"rollout engine (rank {rank} of {world_size}, GPUs {list(span.gpus)})"
+        self._select_gpus(span.local_ids(cfg.cluster.num_gpus_per_node or len(span.gpus)))
+        self.model_path = resolve_model_path(r.model.model_path or cfg.actor.model.model_path)
+        check_expert_parallel(_routed_experts(self.model_path), expert_parallel_size(cfg), self.where)
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
+        self.eos_ids = eos_token_ids(_generation_config(self.model_path), self.tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
+        kwargs = engine_kwargs(
+            cfg,
+            model_path=self.model_path,
+            colocated=self.colocated,
+            needs_tokenizer=cfg.algorithm.sampling_params.min_new_tokens > 0,
+        )
+        self.engine = SGLangEngine(kwargs, where=self.where)
+
+    def _select_gpus(self, local_ids: Sequence[int]) -> None:
+        """Ray shows this worker only its own GPU; a TP engine needs the whole span (its children
+        inherit CUDA_VISIBLE_DEVICES). The span must start at the GPU Ray gave us."""
+        if len(local_ids) == 1:
+            return  # base_gpu_id 0 of what Ray made visible
+        import ray
+
+        assigned = [int(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
+        if assigned and assigned[0] != local_ids[0]:
+            raise RuntimeError(
+                f"{self.where}: Ray placed this worker on GPU {assigned[0]}, but its engine's span "
+                f"starts at GPU {local_ids[0]}; the placement group's bundles are not in GPU order"
+            )
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in local_ids)
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
+    ) -> RolloutBatch:
+        # n separate requests per prompt (prompt-major), each with its own seed: samples differ.
+        repeated = [item for item in prompts for _ in range(n)]
+        input_ids = [list(item.prompt_ids) for item in repeated]
+        requests = sampling_dicts(params, self.eos_ids, request_seeds(seed, len(input_ids)))
+        parsed = parse_outputs(self.engine.generate(input_ids, requests), input_ids, self.pad_id)
+        texts = decode_responses(parsed, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        return RolloutBatch(
+            prompt_ids=parsed.prompt_ids,
+            prompt_mask=parsed.prompt_mask,
+            response_ids=parsed.response_ids,
+            response_mask=parsed.response_mask,
+            group_index=torch.arange(len(prompts)).repeat_interleave(n),
+            rollout_logprobs=parsed.logprobs,
+            finish_reasons=parsed.finish_reasons,
+            response_text=texts,
+            solutions=[item.solutions for item in repeated],
+        )
+
+    # -- weights (driven by rlinf.weight_sync) ------------------------------------------------
+    def weight_sync_info(self) -> dict:
+        return {"methods": (CUDA_IPC, NCCL, OBJECT_STORE), "tp_size": self.tp_size}
+
+    def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
+        """Object-store path: CPU buckets (SGLang shares them with its TP ranks by shared memory)."""
+        self.engine.resume(["weights"])
+        for bucket in buckets:
+            self.engine.load_tensors(list(bucket))
+        self.engine.flush_cache()
+        self.engine.resume(ALL_MEMORY_TAGS)
+
+    def update_weights_ipc(self, handles: Sequence[bytes | None]) -> None:
+        """One bucket as CUDA IPC handles (one per actor rank); see rlinf.weight_sync.sync_cuda_ipc."""
+        self.engine.load_tensors(handles_for_engine(handles, self.rank, self.tp_size), flattened=True)
+
+    def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, name: str) -> None:
+        self.engine.join_weight_group(host, port, rank_offset, world_size, name)
+
+    def update_weights_nccl(self, names, dtypes, shapes) -> None:
+        self.engine.receive_broadcast(names, dtypes, shapes, WEIGHT_GROUP_NAME)
+
+    def flush_cache(self) -> None:
+        self.engine.flush_cache()
+
+    # -- memory (colocated runs) --------------------------------------------------------------
+    def sleep(self) -> None:
+        """Release KV cache, CUDA graphs and weights for training (no-op unless colocated)."""
+        self.engine.release(ALL_MEMORY_TAGS)
+
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Resume `tags` (all by default). Resumed weights are empty until the next weight sync,
+        which resumes "weights" itself first and the KV cache after the push."""
+        self.engine.resume(tuple(tags) if tags else ALL_MEMORY_TAGS)
+
+    def memory_state(self) -> dict:
+        return {"released": sorted(self.engine.released), "weights_stale": self.engine.weights_stale}
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def _routed_experts(model_path: str) -> int | None:
+    config = Path(model_path) / "config.json"
+    return json.loads(config.read_text()).get("n_routed_experts") if config.is_file() else None
+
+
+def _generation_config(model_path: str):
+    """Carrier of the checkpoint's generation-config EOS ids (absent file: tokenizer's EOS only)."""
+    from transformers import GenerationConfig
+
+    try:
+        return type("Checkpoint", (), {"generation_config": GenerationConfig.from_pretrained(model_path)})()
+    except OSError:
+        return None

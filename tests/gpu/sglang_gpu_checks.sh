@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The SGLang rollout's GPU checks on a lent H200 (docs/sglang.md, "GPU checks"). Two device calls,
+# the second within 30 s of the first (ray and sglang never fit one call's 64 MiB carry):
+#
+#   1. carry [".whl", ".h10-pytest"]:                   bash tests/gpu/sglang_gpu_checks.sh engine
+#      installs sglang, then: signatures, GPU-tiny logprobs / IPC weight update / memory hand-over /
+#      min_new_tokens, Moonlight-slice logprobs
+#   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop
+#      the GRPO loop colocated on one GPU (Ray + SGLang rollout + torch actor), 4 steps
+#
+# .h10-pytest holds pytest/pluggy/iniconfig wheels (the device image has no pytest); .h10-tiny is a
+# warm-started GPU-tiny checkpoint built on the CPU machine:
+#   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
+#     build_tiny_checkpoint as b; b('.h10-tiny', S)"
+# Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/sglang-checks}
+mkdir -p "$OUT"
+export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
+
+use_pytest() {
+  if ! python3 -c "import pytest" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site/pytest .h10-pytest/*.whl 2>/dev/null ||
+      [ -d /tmp/site/pytest ] || { echo "no pytest: carry .h10-pytest" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site/pytest${PYTHONPATH:+:$PYTHONPATH}
+  fi
+}
+
+case "${1:-}" in
+  engine)
+    bash .whl/tools/install.sh >/dev/null || exit 1
+    source /tmp/site/env.sh
+    use_pytest
+    timeout 380 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
+      tests/gpu/test_sglang_engine.py tests/gpu/test_sglang_slice.py 2>&1 | tail -n 80
+    ;;
+  loop)
+    source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+    source /tmp/site/env.sh
+    use_pytest
+    python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
+    RLINF_GPU_TINY=$PWD/.h10-tiny timeout 500 python3 -m pytest -q -s -p no:cacheprovider \
+      tests/gpu/test_sglang_grpo.py 2>&1 | tail -n 80
+    ;;
+  *)
+    echo "usage: $0 engine|loop" >&2
+    exit 2
+    ;;
+esac
+cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
+cat "$RLINF_GPU_FIGURES" 2>/dev/null

@@ -1,0 +1,48 @@
+"""Every SGLang call rlinf makes, checked against the installed package: Engine methods take the
+keyword arguments we pass, ServerArgs has every field engine_kwargs sets, the sampling keys exist,
+and the classes our IPC payload pickles are where SGLang's SafeUnpickler allows them."""
+
+import dataclasses
+import inspect
+
+from rlinf.config.schema import Config
+from rlinf.workers.rollout.sampling import SamplingParams
+from rlinf.workers.rollout.sglang_args import engine_kwargs, sampling_dicts
+from rlinf.workers.rollout.sglang_engine import SGLANG_CALLS
+
+
+def test_engine_methods_take_our_arguments(sglang_installed):
+    from sglang.srt.entrypoints.engine import Engine
+
+    for method, kwargs in SGLANG_CALLS.items():
+        params = inspect.signature(getattr(Engine, method)).parameters
+        missing = [k for k in kwargs if k not in params]
+        assert not missing, f"sglang Engine.{method} lacks {missing}; has {list(params)}"
+
+
+def test_server_args_have_every_field_we_set(sglang_installed):
+    from sglang.srt.server_args import ServerArgs
+
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    ours = set(engine_kwargs(Config(), model_path="/x", colocated=True)) | {"custom_sigquit_handler"}
+    assert not ours - fields, f"ServerArgs lacks {sorted(ours - fields)}"
+    assert "enable_ep_moe" not in fields  # why rollout.sglang.enable_ep_moe maps to ep_size
+
+
+def test_sampling_keys_exist(sglang_installed):
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+
+    params = inspect.signature(SGLangSamplingParams.__init__).parameters
+    (ours,) = sampling_dicts(SamplingParams(min_new_tokens=1), [2], [7])
+    assert not set(ours) - set(params), f"sglang SamplingParams lacks {sorted(set(ours) - set(params))}"
+    SGLangSamplingParams(**ours).verify(vocab_size=100)
+
+
+def test_ipc_payload_classes_are_unpicklable_by_sglang(sglang_installed):
+    from sglang.srt.utils.common import SafeUnpickler
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    module = FlattenedTensorMetadata.__module__ + "."
+    assert any(module.startswith(p) for p in SafeUnpickler.ALLOWED_MODULE_PREFIXES)
+    fields = {f.name for f in dataclasses.fields(FlattenedTensorMetadata)}
+    assert fields == {"name", "shape", "dtype", "start_idx", "end_idx", "numel"}

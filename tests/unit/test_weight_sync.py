@@ -1,0 +1,302 @@
+"""Weight sync plans: strategy choice, flattened buckets, IPC/NCCL call order (recording fakes), and
+the engine's release/resume bookkeeping (a recording fake sglang.Engine). The real engine is tested
+on the GPU (tests/gpu/test_sglang_rollout.py)."""
+
+import pytest
+import torch
+
+import rlinf.weight_sync as ws
+from rlinf.models.weights import iter_weight_buckets
+from rlinf.weight_sync.exporter import WeightExporter, dispatch
+from rlinf.weight_sync.plan import (
+    CUDA_IPC,
+    NCCL,
+    OBJECT_STORE,
+    WEIGHT_GROUP_NAME,
+    bucket_meta,
+    choose_strategy,
+    flatten_bucket,
+    handles_for_engine,
+    nccl_group_plan,
+    unflatten_bucket,
+)
+
+SGLANG_TAKES = (CUDA_IPC, NCCL, OBJECT_STORE)
+
+
+def test_strategy_follows_the_placement():
+    assert choose_strategy(SGLANG_TAKES, colocated=True) == CUDA_IPC
+    assert choose_strategy(SGLANG_TAKES, colocated=False) == NCCL
+    assert choose_strategy((OBJECT_STORE,), colocated=True) == OBJECT_STORE
+    with pytest.raises(ValueError, match="none fits"):
+        choose_strategy((CUDA_IPC,), colocated=False)
+
+
+def test_flattened_bucket_round_trips_mixed_dtypes():
+    bucket = [
+        ("a.weight", torch.randn(3, 4, dtype=torch.bfloat16)),
+        ("gate.e_score_correction_bias", torch.randn(5, dtype=torch.float32)),  # stays fp32
+        ("b.weight", torch.randn(2, 3, 2).transpose(0, 2)),  # non-contiguous view
+    ]
+    flat, meta = flatten_bucket(bucket)
+    assert flat.dtype == torch.uint8 and flat.numel() == meta.nbytes == 3 * 4 * 2 + 5 * 4 + 12 * 4
+    assert meta.names == ["a.weight", "gate.e_score_correction_bias", "b.weight"]
+    assert meta.dtypes == ["bfloat16", "float32", "float32"]
+    assert meta.shapes == [[3, 4], [5], [2, 3, 2]]
+    for (name, original), (name2, restored) in zip(bucket, unflatten_bucket(flat, meta), strict=True):
+        assert name == name2 and restored.dtype == original.dtype and torch.equal(restored, original)
+    bucket[0][1].zero_()  # the flattened copy does not follow later changes of the model
+    assert not torch.equal(unflatten_bucket(flat, meta)[0][1], bucket[0][1])
+
+
+def test_exporter_plans_hf_named_buckets_of_the_model():
+    from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
+
+    model = random_deepseek_v3(TinyModelSettings(), vocab_size=40)
+    exporter = WeightExporter(lambda size: iter_weight_buckets(model, size))
+    layouts = dispatch(exporter, "begin", 64 * 1024)
+    names = [n for layout in layouts for n in layout.names]
+    expected = [n for b in iter_weight_buckets(model, 64 * 1024) for n, _ in b]
+    assert names == expected and len(layouts) > 1
+    assert any(".mlp.experts.0.gate_proj.weight" in n for n in names)  # per-expert HF names
+    assert all(layout.nbytes <= 64 * 1024 or len(layout.names) == 1 for layout in layouts)
+    with pytest.raises(ValueError, match="unknown weight export verb 'train'"):
+        dispatch(exporter, "train")
+
+
+def test_ipc_handles_per_engine():
+    assert handles_for_engine([b"h"], 1, 4) == [b"h"] * 4  # one producer: every TP rank opens it
+    many = [bytes([i]) for i in range(8)]
+    assert handles_for_engine(many, 1, 4) == many[4:]  # producer on the same GPU as the TP rank
+    assert handles_for_engine([b"h", None, None], 0, 2) == [b"h", b"h"]
+    with pytest.raises(ValueError, match="needs IPC handles 4..7"):
+        handles_for_engine(many[:6], 1, 4)
+
+
+def test_nccl_group_ranks():
+    plan = nccl_group_plan(num_engines=2, tp_size=4)
+    assert plan.world_size == 9 and plan.rank_offsets == (1, 5)
+
+
+# -- recording fakes for the driver-side order ------------------------------------------------
+class _Ref:
+    def __init__(self, value, rank=0, method=""):
+        self.value, self.rank, self.method = value, rank, method
+
+
+class _Handle:
+    def __init__(self, group, rank):
+        self.group, self.rank = group, rank
+        self.execute = self
+
+    def remote(self, method, *args):
+        return _Ref(self.group.record(self.rank, method, args), self.rank, method)
+
+
+class FakeGroup:
+    """A WorkerGroup stand-in: records (role, rank, method, args) in a shared log."""
+
+    def __init__(self, role, num, log, answer):
+        self.role, self.log, self.answer = role, log, answer
+        self.handles = [_Handle(self, r) for r in range(num)]
+
+    def __len__(self):
+        return len(self.handles)
+
+    def record(self, rank, method, args):
+        self.log.append((self.role, rank, method, args))
+        return self.answer(rank, method, args)
+
+    def call_async(self, method, *args):
+        return [h.execute.remote(method, *args) for h in self.handles]
+
+    def call(self, method, *args):
+        return self._get(self.call_async(method, *args))
+
+    def call_rank0(self, method, *args):
+        return self._get([self.handles[0].execute.remote(method, *args)])[0]
+
+    def _get(self, refs):
+        self.log.extend((self.role, r.rank, f"wait:{r.method}", ()) for r in refs)
+        return [r.value for r in refs]
+
+
+class FakeRoles:
+    def __init__(self, colocated, engines=1, tp=1, takes=SGLANG_TAKES):
+        self.log = []
+        self.colocated = colocated
+        layouts = [
+            bucket_meta([("a", torch.zeros(2))]),
+            bucket_meta([("b", torch.zeros(3)), ("c", torch.zeros(1))]),
+        ]
+
+        def actor_answer(rank, method, args):
+            if method != "weight_export":
+                return "cpu-buckets"
+            return {
+                "begin": layouts,
+                "ipc_handle": f"ipc{args[1] if len(args) > 1 else ''}",
+                "address": ("10.0.0.1", 4242),
+            }.get(args[0])
+
+        def rollout_answer(rank, method, args):
+            if method == "__dir__":
+                return ["generate", "weight_sync_info"] if takes else ["generate"]
+            if method == "weight_sync_info":
+                return {"methods": takes, "tp_size": tp}
+            return None
+
+        self.actor = FakeGroup("actor", 1, self.log, actor_answer)
+        self.rollout = FakeGroup("rollout", engines, self.log, rollout_answer)
+
+    def steps(self):
+        """The calls in the order they were made, without waits and the one-off strategy discovery."""
+        return [e for e in self.log if e[2] not in ("__dir__", "weight_sync_info") and ":" not in e[2]]
+
+
+def test_colocated_sglang_sync_order():
+    roles = FakeRoles(colocated=True)
+    assert ws.sync_weights(roles, bucket_mb=1) == CUDA_IPC
+    assert roles.steps() == [
+        ("rollout", 0, "wake", (["weights"],)),  # weights back (empty) before the push
+        ("actor", 0, "weight_export", ("begin", 1024 * 1024)),
+        ("actor", 0, "weight_export", ("ipc_handle", 0)),
+        ("rollout", 0, "update_weights_ipc", (["ipc0"],)),
+        ("actor", 0, "weight_export", ("ipc_handle", 1)),
+        ("rollout", 0, "update_weights_ipc", (["ipc1"],)),
+        ("rollout", 0, "flush_cache", ()),
+        ("actor", 0, "weight_export", ("end",)),  # buffers freed only after every engine loaded
+        ("rollout", 0, "wake", (["kv_cache", "cuda_graph"],)),  # KV cache after the weights
+    ]
+
+
+def test_disaggregated_sglang_sync_order_joins_the_group_once():
+    roles = FakeRoles(colocated=False, engines=2, tp=2)
+    assert ws.sync_weights(roles, bucket_mb=1) == NCCL
+    first = roles.steps()
+    assert first[:4] == [
+        ("actor", 0, "weight_export", ("address",)),
+        ("rollout", 0, "init_weight_group", ("10.0.0.1", 4242, 1, 5, WEIGHT_GROUP_NAME)),
+        ("rollout", 1, "init_weight_group", ("10.0.0.1", 4242, 3, 5, WEIGHT_GROUP_NAME)),
+        ("actor", 0, "weight_export", ("join_group", "10.0.0.1", 4242, 5, WEIGHT_GROUP_NAME)),
+    ]
+    assert first[4:] == [
+        ("actor", 0, "weight_export", ("begin", 1024 * 1024)),
+        # every engine is receiving before the actor broadcasts the bucket
+        ("rollout", 0, "update_weights_nccl", (["a"], ["float32"], [[2]])),
+        ("rollout", 1, "update_weights_nccl", (["a"], ["float32"], [[2]])),
+        ("actor", 0, "weight_export", ("broadcast", 0)),
+        ("rollout", 0, "update_weights_nccl", (["b", "c"], ["float32", "float32"], [[3], [1]])),
+        ("rollout", 1, "update_weights_nccl", (["b", "c"], ["float32", "float32"], [[3], [1]])),
+        ("actor", 0, "weight_export", ("broadcast", 1)),
+        ("rollout", 0, "flush_cache", ()),
+        ("rollout", 1, "flush_cache", ()),
+        ("actor", 0, "weight_export", ("end",)),
+    ]
+    # an engine's receive is awaited only after the actor's broadcast of that bucket was sent
+    events = [(e[0], e[2], e[3][:1]) for e in roles.log if e[2] != "wait:weight_export" or e[3]]
+    sent = events.index(("actor", "weight_export", ("broadcast",)))
+    waited = events.index(("rollout", "wait:update_weights_nccl", ()))
+    assert sent < waited
+    roles.log.clear()
+    ws.sync_weights(roles, bucket_mb=1)
+    assert all(step[3][:1] != ("join_group",) and step[2] != "init_weight_group" for step in roles.log)
+
+
+def test_embedded_rollout_uses_the_object_store():
+    roles = FakeRoles(colocated=True, takes=())
+    assert ws.sync_weights(roles, bucket_mb=2) == OBJECT_STORE
+    (export, update) = roles.steps()
+    assert export == ("actor", 0, "export_weights", (2 * 1024 * 1024,))
+    # the rollout gets the export's ObjectRef (resolved by Ray in the worker), not the tensors
+    assert update[:3] == ("rollout", 0, "update_weights") and update[3][0].value == "cpu-buckets"
+
+
+# -- the engine's memory bookkeeping against a recording fake sglang.Engine -------------------
+class FakeEngine:
+    calls: list = []
+
+    def __init__(self, **kwargs):
+        import asyncio
+
+        self.kwargs = kwargs
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager = type("TM", (), {"auto_create_handle_loop": lambda self: None})()
+
+    def release_memory_occupation(self, tags=None):
+        FakeEngine.calls.append(("release", tuple(tags)))
+
+    def resume_memory_occupation(self, tags=None):
+        FakeEngine.calls.append(("resume", tuple(tags)))
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        FakeEngine.calls.append(("update", load_format, flush_cache))
+        return True, "ok"
+
+    def flush_cache(self):
+        FakeEngine.calls.append(("flush",))
+        return type("Out", (), {"success": True})()
+
+    async def async_generate(self, input_ids, sampling_params, return_logprob):
+        FakeEngine.calls.append(("generate", len(input_ids)))
+        return [{"output_ids": [1], "meta_info": {}} for _ in input_ids]
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    import rlinf.workers.rollout.sglang_engine as se
+
+    monkeypatch.setattr(se, "import_sglang", lambda: FakeEngine)
+    FakeEngine.calls = []
+    return se.SGLangEngine({"enable_memory_saver": True}, where="rollout engine (rank 0)")
+
+
+def test_release_resume_order_around_training(engine):
+    engine.generate([[1]], [{}])
+    engine.release()  # sleep before training
+    with pytest.raises(RuntimeError, match="released and not pushed again"):
+        engine.generate([[1]], [{}])
+    engine.release()  # idempotent
+    engine.resume(["weights"])  # sync: weights first ...
+    engine.load_tensors([b"payload"], flattened=True)
+    engine.flush_cache()
+    engine.resume()  # ... then KV cache and CUDA graphs
+    engine.generate([[1]], [{}])
+    assert FakeEngine.calls == [
+        ("generate", 1),
+        ("release", ("kv_cache", "weights", "cuda_graph")),
+        ("resume", ("weights",)),
+        ("update", "flattened_bucket", False),
+        ("flush",),
+        ("resume", ("kv_cache", "cuda_graph")),
+        ("generate", 1),
+    ]
+
+
+def test_generate_refuses_a_released_kv_cache(engine):
+    engine.release(["kv_cache"])
+    with pytest.raises(RuntimeError, match=r"\['kv_cache'\] are released"):
+        engine.generate([[1]], [{}])
+
+
+def test_failed_weight_call_names_the_engine(engine, monkeypatch):
+    monkeypatch.setattr(
+        FakeEngine, "update_weights_from_tensor", lambda self, **kw: (False, "shape mismatch")
+    )
+    from rlinf.workers.rollout.sglang_engine import EngineCallError
+
+    with pytest.raises(
+        EngineCallError, match=r"rollout engine \(rank 0\): SGLang update_weights_from_tensor failed: shape"
+    ):
+        engine.load_tensors([("a", torch.zeros(1))])
+
+
+def test_without_memory_saver_release_is_a_no_op(monkeypatch):
+    import rlinf.workers.rollout.sglang_engine as se
+
+    monkeypatch.setattr(se, "import_sglang", lambda: FakeEngine)
+    FakeEngine.calls = []
+    e = se.SGLangEngine({"enable_memory_saver": False}, where="x")
+    e.release()
+    e.generate([[1]], [{}])
+    assert FakeEngine.calls == [("generate", 1)]
