@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from rlinf.config.honoured import HONOURED, chosen_backends, honoured_by
@@ -225,7 +226,35 @@ RULES: tuple[Callable[[Config], None], ...] = (
 )
 
 
+def biased_sampling_keys(cfg: Config) -> list[str]:
+    """The sampling keys set so that tokens are drawn from a distribution other than the one whose
+    logprobs rollout and actor both report (the untruncated tempered one; docs/rollout.md)."""
+    s = cfg.algorithm.sampling_params
+    keys = [f"top_k={s.top_k}"] if s.top_k != -1 else []
+    keys += [f"top_p={s.top_p}"] if s.top_p < 1.0 else []
+    keys += [f"min_new_tokens={s.min_new_tokens}"] if s.min_new_tokens > 0 else []
+    return [f"algorithm.sampling_params.{key}" for key in keys]
+
+
+_warned_sampling: set[tuple[str, ...]] = set()
+
+
+def warn_biased_sampling(cfg: Config) -> None:
+    """Warn (once per process and setting) that truncated sampling is not corrected by the loss."""
+    keys = tuple(biased_sampling_keys(cfg))
+    if not keys or keys in _warned_sampling:
+        return
+    _warned_sampling.add(keys)
+    logging.getLogger(__name__).warning(
+        "%s: tokens are sampled from the truncated / EOS-masked distribution, but rollout and actor "
+        "logprobs are both of the untruncated tempered distribution, so neither the PPO ratio nor "
+        "algorithm.rollout_is corrects the difference (a bias; see docs/rollout.md, 'Logprob convention')",
+        ", ".join(keys),
+    )
+
+
 def validate(cfg: Config) -> Config:
     for rule in RULES:
         rule(cfg)
+    warn_biased_sampling(cfg)
     return cfg

@@ -32,6 +32,11 @@ def entropy_from_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
     return -(logprobs.exp() * logprobs).sum(-1)
 
 
+# Rows per fp32 chunk: 2**28 fp32 values (1 GiB) at most, so a 16k-token micro-batch over a
+# 163840 vocabulary never holds its [tokens x vocab] fp32 logits (10.7 GB) or their fp32 gradient.
+CHUNK_LOGITS = 2**28
+
+
 def response_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -41,29 +46,135 @@ def response_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, R] of `response_ids` after left-padded prompts, and optionally the entropy [B, R].
 
-    One forward over cat(prompt, response). Only the R positions that predict response tokens are
-    projected to the vocabulary and upcast, so the prompt never costs a [B, P, V] fp32 tensor.
-    Masked response positions are 0 in both outputs.
+    One forward over cat(prompt, response) to the last hidden states; only the positions that
+    predict a real (unmasked) response token are projected to the vocabulary, in the model's dtype.
+    The fp32 log-softmax runs `chunk_tokens` rows at a time (default CHUNK_LOGITS // vocab), forward
+    and backward (`ChunkedTokenLogprobs`), so no [tokens, V] fp32 tensor ever exists. Masked
+    response positions are 0 in both outputs. The values equal one unchunked fp32 log_softmax over
+    the same logits (`reference_response_logprobs`) within fp32 rounding.
     """
     response_mask = response_mask.bool()
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), response_mask], dim=1)
-    num_response = response_ids.shape[1]
-    # Column P-1 (last prompt token) predicts response token 0; the last column predicts nothing.
+    num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
+    forward_kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        use_cache=False,
+    )
+    head = _output_head(model)
+    if head is None:  # no separable vocabulary projection: take the model's logits
+        logits = model(**forward_kwargs, logits_to_keep=num_response + 1).logits[:, :-1][response_mask]
+    else:
+        hidden = head.body(**forward_kwargs).last_hidden_state
+        # Column P-1 (last prompt token) predicts response token 0; the last column predicts nothing.
+        logits = head.linear(hidden[:, num_prompt - 1 : num_prompt - 1 + num_response][response_mask])
+    size = chunk_tokens or max(1, CHUNK_LOGITS // logits.shape[-1])
+    token_logprobs, entropy = ChunkedTokenLogprobs.apply(
+        logits, response_ids[response_mask], temperature, size, with_entropy
+    )
+    token_logprobs = token_logprobs.new_zeros(response_mask.shape).masked_scatter(
+        response_mask, token_logprobs
+    )
+    if not with_entropy:
+        return token_logprobs, None
+    return token_logprobs, entropy.new_zeros(response_mask.shape).masked_scatter(response_mask, entropy)
+
+
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """(log softmax(logits / T)[target], entropy) per row of logits [N, V], in fp32 chunks of rows.
+
+    Saves the logits in their own dtype plus two fp32 numbers per row (log-partition, entropy);
+    backward rebuilds each chunk's softmax from them and writes the logits' gradient chunk by chunk:
+    d logprob / d z = onehot - p, d entropy / d z = -p (log p + H), z = logits / T.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, chunk: int, with_entropy: bool):
+        n = logits.shape[0]
+        token = torch.empty(n, dtype=torch.float32, device=logits.device)
+        entropy = torch.zeros(n, dtype=torch.float32, device=logits.device)
+        log_norm = torch.empty_like(token)
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            z = scale_logits(logits[rows], temperature)
+            log_norm[rows] = z.logsumexp(-1)
+            token[rows] = z.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - log_norm[rows]
+            if with_entropy:
+                logp = z - log_norm[rows].unsqueeze(-1)
+                entropy[rows] = entropy_from_logprobs(logp)
+        ctx.save_for_backward(logits, targets, log_norm, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        # An unused output (the entropy when it only feeds metrics) gets None, not a zero tensor
+        # whose term backward would compute for nothing.
+        ctx.set_materialize_grads(False)
+        return token, entropy
+
+    @staticmethod
+    def backward(ctx, grad_token, grad_entropy):
+        logits, targets, log_norm, entropy = ctx.saved_tensors
+        if grad_token is None and grad_entropy is None:
+            return None, None, None, None, None
+        temperature = ctx.temperature if ctx.temperature > 0 else 1.0
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            logp = scale_logits(logits[rows], ctx.temperature) - log_norm[rows].unsqueeze(-1)
+            p = logp.exp()
+            grad_z = torch.zeros_like(p)
+            if grad_token is not None:
+                g = grad_token[rows].unsqueeze(-1)
+                grad_z -= p * g
+                grad_z.scatter_add_(-1, targets[rows].unsqueeze(-1), g)
+            if grad_entropy is not None:
+                grad_z -= p * (logp + entropy[rows].unsqueeze(-1)) * grad_entropy[rows].unsqueeze(-1)
+            grad_logits[rows] = grad_z / temperature if temperature != 1.0 else grad_z
+        return grad_logits, None, None, None, None
+
+
+def reference_response_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unchunked definition (full [B, R, V] fp32 log_softmax): what tests and benchmarks compare with."""
+    response_mask = response_mask.bool()
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask.bool(), response_mask], dim=1)
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions_from_mask(attention_mask),
         use_cache=False,
-        logits_to_keep=num_response + 1,
+        logits_to_keep=response_ids.shape[1] + 1,
     ).logits[:, :-1]
     all_logprobs = scale_logits(logits, temperature).log_softmax(-1)
-    logprobs = all_logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-    logprobs = logprobs.masked_fill(~response_mask, 0.0)
-    if not with_entropy:
-        return logprobs, None
+    logprobs = (
+        all_logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1).masked_fill(~response_mask, 0.0)
+    )
     entropy = entropy_from_logprobs(all_logprobs).masked_fill(~response_mask, 0.0)
     return logprobs, entropy
+
+
+class _Head:
+    def __init__(self, body: torch.nn.Module, linear: torch.nn.Linear) -> None:
+        self.body, self.linear = body, linear
+
+
+def _output_head(model: torch.nn.Module) -> _Head | None:
+    """(decoder body, lm_head) of a transformers causal LM whose logits are lm_head(last hidden)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    body = getattr(model, "model", None)
+    head = get_head() if callable(get_head) else None
+    if isinstance(head, torch.nn.Linear) and isinstance(body, torch.nn.Module):
+        return _Head(body, head)
+    return None

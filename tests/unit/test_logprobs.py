@@ -1,10 +1,11 @@
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import DeepseekV3ForCausalLM
 
-from rlinf.models.logprobs import positions_from_mask, response_logprobs
+from rlinf.models.logprobs import positions_from_mask, reference_response_logprobs, response_logprobs
 from rlinf.models.tiny import SMALL_SETTINGS, random_deepseek_v3
 
 torch.set_num_threads(2)
@@ -133,3 +134,59 @@ def test_gradients_flow_to_all_layers_from_logprobs_and_entropy():
         grads = torch.autograd.grad(output.sum(), params, retain_graph=True)
         for name, grad in zip(names, grads, strict=True):
             assert grad.abs().sum() > 0, name
+
+
+def _padded_batch():
+    prompt_ids, prompt_mask = left_pad([[3, 4, 5, 6], [9], [11, 12]])
+    response_ids, response_mask = right_pad([[20, 21, 22, 23, 24], [25, 26], [27, 28, 29]])
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 3, None])
+def test_chunked_logprobs_equal_the_unchunked_full_vocab_reference(chunk_tokens):
+    model = tiny_deepseek_v3()
+    batch = _padded_batch()
+    with torch.no_grad():
+        expected, expected_entropy = reference_response_logprobs(model, *batch, temperature=0.7)
+        got, entropy = response_logprobs(
+            model, *batch, temperature=0.7, with_entropy=True, chunk_tokens=chunk_tokens
+        )
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy, atol=2e-6, rtol=0)
+    assert (got[~batch[3]] == 0).all() and (entropy[~batch[3]] == 0).all()
+
+
+def test_chunked_gradients_equal_the_unchunked_reference_gradients():
+    model = tiny_deepseek_v3().train()
+    batch = _padded_batch()
+    weights = torch.linspace(0.5, 1.5, batch[2].numel()).view(batch[2].shape)
+
+    def grads(logprobs_fn, **kwargs):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = logprobs_fn(model, *batch, temperature=0.7, **kwargs)
+        ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    expected = grads(reference_response_logprobs)
+    got = grads(response_logprobs, with_entropy=True, chunk_tokens=2)
+    assert got.keys() == expected.keys() and "lm_head.weight" in got
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_default_chunk_bounds_the_fp32_logits_of_a_large_vocab(monkeypatch):
+    # With 2**10 fp32 logits per chunk and a 64-token vocabulary, every fp32 chunk holds 16 rows,
+    # in the forward and again in the backward.
+    import rlinf.models.logprobs as logprobs_module
+
+    monkeypatch.setattr(logprobs_module, "CHUNK_LOGITS", 2**10)
+    seen = []
+    real = logprobs_module.scale_logits
+    monkeypatch.setattr(logprobs_module, "scale_logits", lambda x, t: seen.append(x.shape[0]) or real(x, t))
+    model = tiny_deepseek_v3()
+    prompt_ids, prompt_mask = left_pad([[3, 4]] * 5)
+    response_ids, response_mask = right_pad([list(range(10, 18))] * 5)
+    logprobs, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    assert seen == [16, 16, 8]
+    logprobs.sum().backward()
+    assert seen == [16, 16, 8] * 2

@@ -1,3 +1,4 @@
+import logging
 import math
 
 import pytest
@@ -5,7 +6,7 @@ import torch
 from transformers import DeepseekV3ForCausalLM
 
 from rlinf.config.schema import SamplingConfig
-from rlinf.models.logprobs import response_logprobs
+from rlinf.models.logprobs import positions_from_mask, response_logprobs
 from rlinf.models.tiny import SMALL_SETTINGS, random_deepseek_v3
 from rlinf.workers.rollout.sampling import (
     SamplingParams,
@@ -250,3 +251,67 @@ def test_blocked_ids_are_never_chosen():
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+# --- Logprob convention (docs/rollout.md): reported = untruncated tempered logprob, never the
+# probability the token was drawn with under top-k / top-p; the validator warns when that differs.
+
+
+def test_top_k_reports_untruncated_logprob_not_the_behaviour_probability():
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.12, 0.08])
+    logits = probs.log().expand(40000, -1)
+    tokens, reported = choose_next_tokens(
+        logits, SamplingParams(temperature=1.0, top_k=3), generator=torch.Generator().manual_seed(0)
+    )
+    kept_mass = probs[:3].sum()  # Z = 0.8
+    behaviour = torch.where(torch.arange(5) < 3, probs / kept_mass, torch.zeros(5))
+
+    # Tokens really are drawn from the truncated, renormalised distribution ...
+    frequencies = torch.bincount(tokens, minlength=5) / len(tokens)
+    torch.testing.assert_close(frequencies, behaviour, atol=0.01, rtol=0)
+    # ... but the reported logprob is of the untruncated one, off by log Z for every sample.
+    torch.testing.assert_close(reported, probs.log()[tokens])
+    gap = behaviour.log()[tokens] - reported
+    torch.testing.assert_close(gap, torch.full_like(gap, -math.log(kept_mass.item())))
+    assert -math.log(kept_mass.item()) > 0.2
+
+
+def test_top_k_rollout_matches_the_actor_recompute_not_the_behaviour_logprob():
+    model = tiny_deepseek_v3()
+    out = run(model, SamplingParams(temperature=0.8, top_k=3, max_new_tokens=12), prompts=PROMPTS * 2)
+    mask = out.response_mask
+    recomputed = recompute(model, out, temperature=0.8)
+    assert (out.logprobs - recomputed).abs().max() < 1e-4
+
+    # The true behaviour logprob: the recomputed full logits truncated to their top 3, renormalised.
+    with torch.no_grad():
+        ids = torch.cat([out.prompt_ids, out.response_ids], 1)
+        attn = torch.cat([out.prompt_mask, mask], 1)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn)).logits[
+            :, out.prompt_ids.shape[1] - 1 : -1
+        ]
+        scaled = logits.float() / 0.8
+        behaviour = filter_logits(scaled, top_k=3, top_p=1.0).log_softmax(-1)
+        behaviour = behaviour.gather(-1, out.response_ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.isfinite(behaviour[mask]).all()  # every sampled token is inside its top 3
+    gap = (behaviour - out.logprobs)[mask]
+    print(f"top_k=3: mean log(behaviour / reported) = {gap.mean():.3f}")
+    assert (gap > 0).all() and gap.mean() > 0.05
+
+
+def test_validator_warns_once_naming_the_truncation_keys(caplog):
+    from rlinf.config import validate as validate_module
+    from rlinf.config.loader import load_config
+
+    validate_module._warned_sampling.clear()
+    with caplog.at_level(logging.WARNING, logger="rlinf.config.validate"):
+        load_config("tiny-moe-grpo-cpu")
+        assert not caplog.records  # the tiny recipe samples untruncated: nothing to warn about
+        overrides = ["algorithm.sampling_params.top_k=3", "algorithm.sampling_params.top_p=0.9"]
+        load_config("tiny-moe-grpo-cpu", overrides)
+        load_config("tiny-moe-grpo-cpu", overrides)
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "algorithm.sampling_params.top_k=3" in message
+    assert "algorithm.sampling_params.top_p=0.9" in message
+    assert "min_new_tokens" not in message

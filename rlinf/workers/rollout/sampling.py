@@ -3,12 +3,14 @@
 We drive the model step by step instead of calling `generate` because RL needs exact token logprobs
 and our own sampling rules.
 
-Logprob convention: the reported logprob of a token is its log-probability under the
-temperature-scaled FULL distribution, log_softmax(logits / temperature) in fp32, taken before top-k /
-top-p truncation and before min_new_tokens masks EOS (greedy decoding reports temperature 1). That is
-exactly what `rlinf.models.logprobs.response_logprobs` recomputes for the same tokens, so rollout and
-actor logprobs differ only by kernel numerics, and truncated sampling shows up as an importance ratio
-the loss can correct rather than as a silent mismatch.
+Logprob convention (docs/rollout.md, the same for every rollout backend and for the actor): the
+reported logprob of a token is its log-probability under the temperature-scaled FULL distribution,
+log_softmax(logits / temperature) in fp32, taken before top-k / top-p truncation and before
+min_new_tokens masks EOS (greedy decoding reports temperature 1). SGLang reports the same quantity.
+It is exactly what `rlinf.models.logprobs.response_logprobs` recomputes for the same tokens, so
+rollout and actor logprobs differ only by kernel numerics. It is NOT the probability the token was
+drawn with when truncation is on: a top-k / top-p sample was drawn with p(x) / Z (Z = the kept mass),
+and no ratio in the loss sees that factor. The config validator warns when a recipe turns it on.
 """
 
 from __future__ import annotations
@@ -133,6 +135,11 @@ def sample(
 
     Results are on the model's device, padded to the longest prompt and response over all chunks.
     `generator` (on the model's device) makes sampling deterministic by its seed.
+
+    Decode steps keep the model's MoE experts implementation (transformers' default grouped_mm).
+    `generate` switches to batched_mm for decoding (one gathered copy of an expert's weights per
+    token and expert): on the H200 slice that is 1.8x (batch 64) to 4.6x (batch 256) slower per
+    decode forward (benchmarks/rollout_decode.py --breakdown, docs/benchmarks.md).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sample() needs at least one prompt and every prompt needs at least one token")

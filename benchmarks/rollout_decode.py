@@ -1,0 +1,287 @@
+"""Rollout decode throughput on the Moonlight slice: the torch rollout's `sample`, transformers'
+`generate` and (when importable) SGLang, against the weight-bandwidth bound, all in one run.
+
+Every backend decodes exactly --new-tokens tokens per row (EOS masked / ignored) after prompts of
+exactly --prompt-len random tokens, temperature 1, no truncation; tokens/s counts generated tokens
+over the whole call (prefill included). The bound: every weight byte read once per decode step at
+the device-copy bandwidth measured here (read + write bytes of a 4 GiB device-to-device copy), so
+bound tokens/s = batch x bandwidth / weight bytes. Prints one JSON object.
+
+    python benchmarks/rollout_decode.py [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
+        [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
+        [--backends sglang --checkpoint DIR]  # SGLang alone (needs the slice on disk; built if missing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import device_copy_bandwidth, emit, environment, gib, slice_model, timed, weight_bytes  # noqa: E402
+
+from rlinf.workers.rollout.sampling import SamplingParams, choose_next_tokens, sample  # noqa: E402
+
+EOS = 163586  # Moonlight's; masked by min_new_tokens everywhere, so rows never stop early
+DEVICE = "cuda"  # --smoke: "cpu", with a small random model, to check the script itself
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab - 256, (batch, length), generator=generator).tolist()
+
+
+def run_torch(model, prompts, new_tokens: int, sampler=None) -> float:
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    sample_fn = sample if sampler is None else sampler.sample
+    seconds, out = timed(
+        lambda: sample_fn(
+            model,
+            prompts,
+            params,
+            eos_token_ids=[EOS],
+            pad_token_id=0,
+            generator=generator,
+            max_batch_size=len(prompts),
+        )
+    )
+    assert int(out.response_mask.sum()) == len(prompts) * new_tokens
+    return seconds
+
+
+def run_generate(model, prompts, new_tokens: int) -> float:
+    input_ids = torch.tensor(prompts, device=DEVICE)
+
+    def call():
+        with torch.inference_mode():
+            return model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                eos_token_id=EOS,
+            )
+
+    seconds, out = timed(call)
+    assert out.shape[1] == input_ids.shape[1] + new_tokens
+    return seconds
+
+
+def run_sglang(checkpoint: Path, prompts, new_tokens: int, engine) -> float:
+    params = {
+        "temperature": 1.0,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "ignore_eos": True,
+    }
+    seconds, outs = timed(
+        lambda: engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    )
+    assert all(len(o["output_ids"]) == new_tokens for o in outs)
+    return seconds
+
+
+def decode_breakdown(model, batch: int, prompt_len: int, steps: int = 16) -> dict[str, float]:
+    """ms per decode forward (after a prefill) for each experts implementation, and per sampling step."""
+    from transformers import DynamicCache
+
+    result: dict[str, float] = {}
+    ids = torch.tensor(random_prompts(batch, prompt_len, model.config.vocab_size, 3), device=DEVICE)
+    original = model.get_experts_implementation()
+    with torch.inference_mode():
+        for experts in ("grouped_mm", "batched_mm"):
+            model.set_experts_implementation("grouped_mm")  # batched_mm on a prefill: TBs of gathers
+            cache = DynamicCache(config=model.config)
+            mask = torch.ones(batch, prompt_len + steps + 2, dtype=torch.bool, device=DEVICE)
+            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model.set_experts_implementation(experts)
+            token = ids[:, -1:]
+
+            def step(i: int, token=token, mask=mask, cache=cache) -> None:
+                model(
+                    input_ids=token,
+                    attention_mask=mask[:, : prompt_len + i + 1],
+                    position_ids=torch.full((batch, 1), prompt_len + i, device=DEVICE),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+
+            step(0)
+            seconds, _ = timed(lambda: [step(i) for i in range(1, steps + 1)])
+            result[f"forward_ms_{experts}"] = round(1e3 * seconds / steps, 2)
+        model.set_experts_implementation(original)
+        logits = torch.randn(batch, model.config.vocab_size, device=DEVICE, dtype=torch.bfloat16)
+        params = SamplingParams(temperature=1.0)
+        generator = torch.Generator(device=DEVICE).manual_seed(0)
+        choose_next_tokens(logits, params, generator=generator)
+        seconds, _ = timed(
+            lambda: [choose_next_tokens(logits, params, generator=generator) for _ in range(steps)]
+        )
+        result["sampling_step_ms"] = round(1e3 * seconds / steps, 3)
+    return result
+
+
+def profile_torch(model, prompts) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    run_torch(model, prompts, 4)
+    with profile(activities=activities) as prof:
+        run_torch(model, prompts, 16)
+    sort = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
+    print(f"profile batch {len(prompts)}:", file=sys.stderr)
+    print(prof.key_averages().table(sort_by=sort, row_limit=18, max_name_column_width=60), file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--backends", default="torch,generate", help="comma list of torch, generate, sglang")
+    parser.add_argument(
+        "--compare-sampler",
+        default=None,
+        help="module path of another sampling module (e.g. an older sampling.py) timed as backend torch_compare",
+    )
+    parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="torch.profiler table (top CUDA ops) of 16 torch-rollout steps, stderr",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, small random model: checks the script only"
+    )
+    parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l", help="for sglang")
+    parser.add_argument("--sglang-mem-fraction", type=float, default=0.5)
+    args = parser.parse_args()
+
+    batches = [int(b) for b in args.batches.split(",")]
+    backends = args.backends.split(",")
+    compare = None
+    if args.compare_sampler:
+        import importlib
+
+        compare = importlib.import_module(args.compare_sampler)
+        backends.insert(backends.index("torch") + 1, "torch_compare")
+    global DEVICE, EOS
+    if args.smoke:
+        DEVICE, EOS = "cpu", 1
+    bandwidth = device_copy_bandwidth() if DEVICE == "cuda" else 1e10
+    result: dict = {
+        "hardware": environment(),
+        "device_copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "layers": args.layers,
+        "runs": [],
+    }
+
+    model = slice_model(args.layers) if {"torch", "generate"} & set(backends) and not args.smoke else None
+    if args.smoke:
+        from rlinf.models.tiny import SMALL_SETTINGS, random_deepseek_v3
+
+        model = random_deepseek_v3(SMALL_SETTINGS, vocab_size=512, eos_token_id=EOS)
+    if model is not None:
+        nbytes = weight_bytes(model)
+        vocab = model.config.vocab_size
+    else:
+        from rlinf.models.slice import moonlight_slice_config
+
+        vocab = moonlight_slice_config(args.layers)["vocab_size"]
+        nbytes = 0
+    engine = None
+    if "sglang" in backends:
+        engine, nbytes = start_sglang(Path(args.checkpoint), args, nbytes)
+    result["weight_GiB"] = gib(nbytes)
+    step_seconds_bound = nbytes / bandwidth
+
+    for batch in batches:
+        prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+        bound = batch / step_seconds_bound
+        tokens = batch * args.new_tokens
+        runs = []
+        for backend in backends:
+            if backend in ("torch", "torch_compare"):
+                sampler = compare if backend == "torch_compare" else None
+                run_torch(model, prompts[:8], 4, sampler)  # warm-up (kernels, allocator)
+                seconds = run_torch(model, prompts, args.new_tokens, sampler)
+            elif backend == "generate":
+                run_generate(model, prompts[:8], 4)
+                seconds = run_generate(model, prompts, args.new_tokens)
+            else:
+                run_sglang(Path(args.checkpoint), prompts[:8], 4, engine)
+                seconds = run_sglang(Path(args.checkpoint), prompts, args.new_tokens, engine)
+            run = {"backend": backend, "batch": batch, "seconds": round(seconds, 3)}
+            if backend == "torch_compare":
+                run["sampler"] = args.compare_sampler
+            run["tokens_per_s"] = round(tokens / seconds, 1)
+            run["fraction_of_bound"] = round(tokens / seconds / bound, 4)
+            runs.append(run)
+            print(run, file=sys.stderr, flush=True)
+        entry = {"batch": batch, "bound_tokens_per_s": round(bound, 1), "backends": runs}
+        if args.breakdown and model is not None:
+            entry["breakdown"] = decode_breakdown(model, batch, args.prompt_len)
+        if args.profile and model is not None:
+            profile_torch(model, prompts)
+        result["runs"].append(entry)
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    if engine is not None:
+        engine.shutdown()
+    emit(result)
+
+
+def start_sglang(checkpoint: Path, args, nbytes: int):
+    import sglang
+
+    if not (checkpoint / "config.json").is_file():
+        from rlinf.models.slice import build_moonlight_slice
+
+        build_moonlight_slice(checkpoint, args.layers, dtype="bf16", device=DEVICE)
+    if not nbytes:
+        from safetensors import safe_open
+
+        for file in checkpoint.glob("*.safetensors"):
+            with safe_open(str(file), "pt") as f:
+                for name in f.keys():
+                    t = f.get_slice(name)
+                    shape = t.get_shape()
+                    count = 1
+                    for d in shape:
+                        count *= d
+                    nbytes += 2 * count
+    max_batch = max(int(b) for b in args.batches.split(","))
+    engine = sglang.Engine(
+        model_path=str(checkpoint),
+        skip_tokenizer_init=True,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        disable_piecewise_cuda_graph=True,
+        mem_fraction_static=args.sglang_mem_fraction,
+        cuda_graph_max_bs=max_batch,
+        max_running_requests=max_batch,
+        random_seed=0,
+        log_level="error",
+    )
+    return engine, nbytes
+
+
+if __name__ == "__main__":
+    main()
