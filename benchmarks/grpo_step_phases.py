@@ -102,13 +102,16 @@ class Phases:
         return result
 
 
-def grpo_step(cfg: Config, rollout, reward, actor, prompts, step: int, cuda: bool) -> dict[str, Any]:
+def grpo_step(
+    cfg: Config, rollout, reward, actor, prompts, step: int, cuda: bool, offload: bool
+) -> dict[str, Any]:
     a = cfg.algorithm
     phases = Phases(cuda)
     params = SamplingParams.from_config(a.sampling_params)
     started = time.perf_counter()
     batch = phases.run("rollout", lambda: rollout.generate(prompts, a.group_size, params, seed=step))
-    phases.run("offload_onload", lambda: (rollout.sleep(), actor.onload()))
+    if offload:
+        phases.run("offload_onload", lambda: (rollout.sleep(), actor.onload()))
     batch = phases.run("reward", lambda: reward.score(batch))
     advantages = compute_advantages(
         a.adv_type, batch.rewards, batch.group_index, normalize=a.normalize_advantages
@@ -119,7 +122,8 @@ def grpo_step(cfg: Config, rollout, reward, actor, prompts, step: int, cuda: boo
     buckets = phases.run(
         "weight_sync", lambda: actor.export_weights(cfg.rollout.weight_sync_bucket_mb * 2**20)
     )
-    phases.run("offload_onload", lambda: (actor.offload(), rollout.wake()))
+    if offload:
+        phases.run("offload_onload", lambda: (actor.offload(), rollout.wake()))
     phases.run("weight_sync", lambda: rollout.update_weights(buckets))
     total = time.perf_counter() - started
     response_tokens = int(batch.response_mask.sum())
@@ -196,6 +200,10 @@ def plot(sweep: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def progress(t0: float, what: str) -> None:
+    print(f"[{time.perf_counter() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l-tok")
@@ -212,13 +220,20 @@ def main() -> None:
         "--sweep-batches", default="", help="comma list of responses per step, at --new-tokens"
     )
     parser.add_argument("--plot", default="")
+    parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="no offload/onload: both models and the optimizer stay on the GPU",
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
 
     cuda = not args.smoke
     if args.smoke:
         args.checkpoint = "/tmp/rlinf-bench/smoke-tiny"
+    t0 = time.perf_counter()
     checkpoint = build_checkpoint(Path(args.checkpoint), args.smoke)
+    progress(t0, "checkpoint ready")
     from rlinf.workers.actor.torch_actor import TorchActor
     from rlinf.workers.reward.reward_worker import RewardWorker
     from rlinf.workers.rollout.torch_rollout import TorchRollout
@@ -228,6 +243,7 @@ def main() -> None:
     started = time.perf_counter()
     rollout, reward, actor = TorchRollout(cfg), RewardWorker(cfg), TorchActor(cfg)
     load_seconds = time.perf_counter() - started
+    progress(t0, "workers loaded")
     vocab = rollout.model.config.vocab_size
 
     def measure(new_tokens: int, num_responses: int, seed: int) -> dict[str, Any]:
@@ -235,9 +251,10 @@ def main() -> None:
         for worker in (rollout, actor):
             worker.cfg = step_cfg
         prompts = prompts_for(num_responses // args.group_size, args.prompt_len, vocab, seed)
-        return grpo_step(step_cfg, rollout, reward, actor, prompts, seed, cuda)
+        return grpo_step(step_cfg, rollout, reward, actor, prompts, seed, cuda, offload=not args.resident)
 
     measure(min(16, args.new_tokens), responses, 0)  # warm-up: kernels, allocator, reward pool
+    progress(t0, "warm-up step done")
     main_step = measure(args.new_tokens, responses, 1)
     result: dict[str, Any] = {
         "hardware": environment(),
@@ -245,6 +262,7 @@ def main() -> None:
         "worker_load_seconds": round(load_seconds, 1),
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
+        "resident": args.resident,
         "step": main_step,
         "sweep": [],
     }
@@ -258,7 +276,11 @@ def main() -> None:
         result["sweep"].append(row)
         print(row, file=sys.stderr, flush=True)
     if args.plot and result["sweep"]:
-        plot(result["sweep"], Path(args.plot))
+        # The main step is the shared point of both series.
+        both = [
+            main_step | {"varied": key, "new_tokens": args.new_tokens} for key in ("new_tokens", "responses")
+        ]
+        plot(result["sweep"] + both, Path(args.plot))
         result["plot"] = args.plot
     reward.close()
     emit(result)
