@@ -95,11 +95,17 @@ def test_plan_lists_every_pinned_package(seed_plan: subprocess.CompletedProcess[
     assert f"lock: {len(file_pins(SEED_COMBO / 'lock.txt'))} pinned packages" in seed_plan.stdout
 
 
-def test_lock_satisfies_every_intent_requirement() -> None:
+COMBOS = sorted(p.parent for p in AGENTIC.glob("*/lock.txt"))
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda p: p.name)
+def test_lock_satisfies_every_intent_requirement(combo: Path) -> None:
     from packaging.requirements import Requirement
 
-    lock = file_pins(SEED_COMBO / "lock.txt")
-    for line in (SEED_COMBO / "intent.txt").read_text().splitlines():
+    lock = file_pins(combo / "lock.txt")
+    no_deps = file_pins(combo / "no-deps.txt")
+    assert not set(lock) & set(no_deps), "a --no-deps package is also in the lock"
+    for line in (combo / "intent.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if not line:
             continue
@@ -113,10 +119,10 @@ def test_lock_satisfies_every_intent_requirement() -> None:
 
 def test_dry_run_installs_nothing_and_needs_no_venv(tmp_path: Path) -> None:
     venv = tmp_path / "v"
-    proc = run_install("agentic", "--dry-run", "--venv", str(venv))
+    proc = run_install(*SEED_LINE[:-1], str(venv), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert not venv.exists()
-    assert run_install("agentic", "--dry-run").returncode == 0
+    assert run_install(*SEED_LINE[:-2], "--dry-run").returncode == 0  # no --venv
 
 
 @pytest.mark.parametrize(
@@ -141,6 +147,7 @@ def test_bad_options_fail_with_a_message(args: list[str], message: str) -> None:
         ["--sglang", "0.5.23"],
         ["--sglang", "0.5.12", "--torch", "2.9.0"],
         ["--sglang", "0.5.12", "--torch", "2.11.0", "--transformers", "5.17.0"],
+        ["--transformers", "5.6.0", "--torch", "2.12.0"],
     ],
 )
 def test_unknown_combination_lists_the_supported_ones(versions: list[str]) -> None:
@@ -148,6 +155,17 @@ def test_unknown_combination_lists_the_supported_ones(versions: list[str]) -> No
     assert proc.returncode == 2
     assert "no pinned combination for" in proc.stderr
     assert "--sglang 0.5.12 --torch 2.11.0 --transformers 5.6.0" in proc.stderr
+    assert "--sglang 0.5.12 --torch 2.11.0 --transformers 5.12.1" in proc.stderr
+
+
+def test_partial_versions_pick_the_only_fitting_combination() -> None:
+    proc = run_install("agentic", "--transformers", "5.12.1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    pins = plan_pins(proc.stdout)
+    assert (pins["sglang"], pins["torch"], pins["transformers"]) == ("0.5.12", "2.11.0", "5.12.1")
+    proc = run_install("agentic", "--sglang", "0.5.12", "--dry-run")
+    assert proc.returncode == 2
+    assert "fits several combinations" in proc.stderr
 
 
 def test_missing_venv_is_refused_for_a_real_install() -> None:
@@ -207,7 +225,7 @@ def test_install_stops_at_the_first_failing_step_naming_it(tmp_path: Path) -> No
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     if sys.version_info[:2] == (3, 12):
         pytest.skip("needs a non-3.12 Python to build the wrong venv")
-    proc = run_install("agentic", "--no-te", "--no-flash-attn", "--no-apex", "--venv", str(venv))
+    proc = run_install(*SEED_LINE[:-1], str(venv), "--no-te", "--no-flash-attn")
     assert proc.returncode == 1
     assert "step 'venv' failed" in proc.stderr
     assert "the pins need 3.12" in proc.stderr
