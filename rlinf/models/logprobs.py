@@ -89,9 +89,9 @@ def response_logprobs(
 class ChunkedTokenLogprobs(torch.autograd.Function):
     """(log softmax(logits / T)[target], entropy) per row of logits [N, V], in fp32 chunks of rows.
 
-    Saves the logits in their own dtype plus two fp32 numbers per row (log-partition, entropy);
-    backward rebuilds each chunk's softmax from them and writes the logits' gradient chunk by chunk:
-    d logprob / d z = onehot - p, d entropy / d z = -p (log p + H), z = logits / T.
+    Saves only the logits (in their own dtype); backward recomputes each chunk's fp32 log-softmax
+    and writes the logits' gradient chunk by chunk through the fused log-softmax backward, with
+    d logprob / d logp = onehot and d entropy / d logp = -p (logp + 1) (the constant 1 cancels there).
     """
 
     @staticmethod
@@ -99,16 +99,13 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         n = logits.shape[0]
         token = torch.empty(n, dtype=torch.float32, device=logits.device)
         entropy = torch.zeros(n, dtype=torch.float32, device=logits.device)
-        log_norm = torch.empty_like(token)
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
-            z = scale_logits(logits[rows], temperature)
-            log_norm[rows] = z.logsumexp(-1)
-            token[rows] = z.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - log_norm[rows]
+            logp = _tempered_log_softmax(logits[rows], temperature)
+            token[rows] = logp.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
             if with_entropy:
-                logp = z - log_norm[rows].unsqueeze(-1)
                 entropy[rows] = entropy_from_logprobs(logp)
-        ctx.save_for_backward(logits, targets, log_norm, entropy)
+        ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk = temperature, chunk
         # An unused output (the entropy when it only feeds metrics) gets None, not a zero tensor
         # whose term backward would compute for nothing.
@@ -117,24 +114,29 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_token, grad_entropy):
-        logits, targets, log_norm, entropy = ctx.saved_tensors
+        logits, targets = ctx.saved_tensors
         if grad_token is None and grad_entropy is None:
             return None, None, None, None, None
         temperature = ctx.temperature if ctx.temperature > 0 else 1.0
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            logp = scale_logits(logits[rows], ctx.temperature) - log_norm[rows].unsqueeze(-1)
-            p = logp.exp()
-            grad_z = torch.zeros_like(p)
+            logp = _tempered_log_softmax(logits[rows], ctx.temperature)
+            grad_logp = torch.zeros_like(logp)
             if grad_token is not None:
-                g = grad_token[rows].unsqueeze(-1)
-                grad_z -= p * g
-                grad_z.scatter_add_(-1, targets[rows].unsqueeze(-1), g)
+                grad_logp.scatter_(-1, targets[rows].unsqueeze(-1), grad_token[rows].unsqueeze(-1))
             if grad_entropy is not None:
-                grad_z -= p * (logp + entropy[rows].unsqueeze(-1)) * grad_entropy[rows].unsqueeze(-1)
-            grad_logits[rows] = grad_z / temperature if temperature != 1.0 else grad_z
+                grad_logp -= logp.exp() * (logp + 1.0) * grad_entropy[rows].unsqueeze(-1)
+            grad_z = torch.ops.aten._log_softmax_backward_data(grad_logp, logp, -1, torch.float32)
+            grad_logits[rows] = grad_z.div_(temperature) if temperature != 1.0 else grad_z
         return grad_logits, None, None, None, None
+
+
+def _tempered_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 log_softmax(logits / T) of one chunk (`scale_logits`' convention), one fused kernel at T = 1."""
+    if temperature <= 0 or temperature == 1.0:
+        return torch.log_softmax(logits, -1, dtype=torch.float32)
+    return logits.to(torch.float32, copy=True).div_(temperature).log_softmax(-1)
 
 
 def reference_response_logprobs(

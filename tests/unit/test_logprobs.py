@@ -142,28 +142,29 @@ def _padded_batch():
     return prompt_ids, prompt_mask, response_ids, response_mask
 
 
-@pytest.mark.parametrize("chunk_tokens", [1, 3, None])
-def test_chunked_logprobs_equal_the_unchunked_full_vocab_reference(chunk_tokens):
+@pytest.mark.parametrize("chunk_tokens,temperature", [(1, 0.7), (3, 1.0), (None, 0.7), (None, 0.0)])
+def test_chunked_logprobs_equal_the_unchunked_full_vocab_reference(chunk_tokens, temperature):
     model = tiny_deepseek_v3()
     batch = _padded_batch()
     with torch.no_grad():
-        expected, expected_entropy = reference_response_logprobs(model, *batch, temperature=0.7)
+        expected, expected_entropy = reference_response_logprobs(model, *batch, temperature=temperature)
         got, entropy = response_logprobs(
-            model, *batch, temperature=0.7, with_entropy=True, chunk_tokens=chunk_tokens
+            model, *batch, temperature=temperature, with_entropy=True, chunk_tokens=chunk_tokens
         )
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
     torch.testing.assert_close(entropy, expected_entropy, atol=2e-6, rtol=0)
     assert (got[~batch[3]] == 0).all() and (entropy[~batch[3]] == 0).all()
 
 
-def test_chunked_gradients_equal_the_unchunked_reference_gradients():
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_gradients_equal_the_unchunked_reference_gradients(temperature):
     model = tiny_deepseek_v3().train()
     batch = _padded_batch()
     weights = torch.linspace(0.5, 1.5, batch[2].numel()).view(batch[2].shape)
 
     def grads(logprobs_fn, **kwargs):
         model.zero_grad(set_to_none=True)
-        logprobs, entropy = logprobs_fn(model, *batch, temperature=0.7, **kwargs)
+        logprobs, entropy = logprobs_fn(model, *batch, temperature=temperature, **kwargs)
         ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -181,8 +182,10 @@ def test_default_chunk_bounds_the_fp32_logits_of_a_large_vocab(monkeypatch):
 
     monkeypatch.setattr(logprobs_module, "CHUNK_LOGITS", 2**10)
     seen = []
-    real = logprobs_module.scale_logits
-    monkeypatch.setattr(logprobs_module, "scale_logits", lambda x, t: seen.append(x.shape[0]) or real(x, t))
+    real = logprobs_module._tempered_log_softmax
+    monkeypatch.setattr(
+        logprobs_module, "_tempered_log_softmax", lambda x, t: seen.append(x.shape[0]) or real(x, t)
+    )
     model = tiny_deepseek_v3()
     prompt_ids, prompt_mask = left_pad([[3, 4]] * 5)
     response_ids, response_mask = right_pad([list(range(10, 18))] * 5)
