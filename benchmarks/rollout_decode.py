@@ -80,12 +80,9 @@ def run_generate(model, prompts, new_tokens: int) -> float:
 
 
 def run_sglang(checkpoint: Path, prompts, new_tokens: int, engine) -> float:
-    params = {
-        "temperature": 1.0,
-        "max_new_tokens": new_tokens,
-        "min_new_tokens": new_tokens,
-        "ignore_eos": True,
-    }
+    # ignore_eos, not min_new_tokens: SGLang's min_new_tokens penalizer reads the request's tokenizer,
+    # which skip_tokenizer_init leaves unset (see rlinf/workers/rollout/sglang_args.py).
+    params = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
     seconds, outs = timed(
         lambda: engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
     )
