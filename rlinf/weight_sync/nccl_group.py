@@ -28,7 +28,7 @@ def new_nccl_group(host: str, port: int, world_size: int, rank: int, group_name:
         [],
         Backend("nccl"),
         PrefixStore(group_name, store),
-        group_name=group_name,
+        group_name=group_name,  # type: ignore[arg-type]  # GroupName is a str NewType
         timeout=timeout,
     )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}

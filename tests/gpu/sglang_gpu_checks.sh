@@ -33,8 +33,8 @@ case "${1:-}" in
     bash .whl/tools/install.sh >/dev/null || exit 1
     source /tmp/site/env.sh
     use_pytest
-    timeout 380 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
-      tests/gpu/test_sglang_engine.py tests/gpu/test_sglang_slice.py 2>&1 | tail -n 80
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
+      tests/gpu/test_sglang_engine.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     ;;
   loop)
     source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
@@ -42,7 +42,7 @@ case "${1:-}" in
     use_pytest
     python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 500 python3 -m pytest -q -s -p no:cacheprovider \
-      tests/gpu/test_sglang_grpo.py 2>&1 | tail -n 80
+      tests/gpu/test_sglang_grpo.py 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     ;;
   *)
     echo "usage: $0 engine|loop" >&2

@@ -140,11 +140,15 @@ class SGLangEngine:
         loop.run_until_complete(asyncio.wait([task, self._died], return_when=asyncio.FIRST_COMPLETED))
         if not task.done():
             task.cancel()
+            loop.run_until_complete(asyncio.wait([task], timeout=5))  # let it unwind
             self._raise_if_died()
         return task.result()
 
-    def _checked(self, result: Any, call: str) -> Any:
-        """SGLang's weight calls answer (success, message); FlushCacheReqOutput has .success."""
+    def _call(self, call: str, **kwargs: Any) -> Any:
+        """A weight / cache call on a live engine. SGLang answers (success, message), or an object
+        with .success (flush_cache); a failure raises with the engine's name."""
+        self._raise_if_died()
+        result = getattr(self.engine, call)(**kwargs)
         self._raise_if_died()
         ok, message = result if isinstance(result, tuple) else (getattr(result, "success", True), result)
         if not ok:
@@ -175,17 +179,18 @@ class SGLangEngine:
     def load_tensors(self, named_tensors, *, flattened: bool = False) -> None:
         """One bucket: HF-named tensors (CPU or CUDA), or with `flattened` the per-TP-rank list of
         serialized flattened_bucket payloads. The cache is flushed once, by `flush_cache`."""
-        result = self.engine.update_weights_from_tensor(
+        self._call(
+            "update_weights_from_tensor",
             named_tensors=named_tensors,
             load_format="flattened_bucket" if flattened else None,
             flush_cache=False,
         )
-        self._checked(result, "update_weights_from_tensor")
 
     def join_weight_group(
         self, host: str, port: int, rank_offset: int, world_size: int, group_name: str
     ) -> None:
-        result = self.engine.init_weights_update_group(
+        self._call(
+            "init_weights_update_group",
             master_address=host,
             master_port=port,
             rank_offset=rank_offset,
@@ -193,18 +198,17 @@ class SGLangEngine:
             group_name=group_name,
             backend="nccl",
         )
-        self._checked(result, "init_weights_update_group")
 
     def receive_broadcast(self, names, dtypes, shapes, group_name: str) -> None:
-        result = self.engine.update_weights_from_distributed(
+        self._call(
+            "update_weights_from_distributed",
             names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
             group_name=group_name, flush_cache=False,
         )  # fmt: skip
-        self._checked(result, "update_weights_from_distributed")
 
     def flush_cache(self) -> None:
         """After a weight push: drop the radix cache (KV of prompts under the old weights)."""
-        self._checked(self.engine.flush_cache(), "flush_cache")
+        self._call("flush_cache")
         self.weights_stale = False
 
     # -- memory -------------------------------------------------------------------------------

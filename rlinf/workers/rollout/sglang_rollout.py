@@ -91,7 +91,9 @@ class SGLangRollout(RolloutWorker):
         input_ids = [list(item.prompt_ids) for item in repeated]
         requests = sampling_dicts(params, self.eos_ids, request_seeds(seed, len(input_ids)))
         parsed = parse_outputs(self.engine.generate(input_ids, requests), input_ids, self.pad_id)
-        texts = decode_responses(parsed, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+        texts = decode_responses(
+            parsed, lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        )
         return RolloutBatch(
             prompt_ids=parsed.prompt_ids,
             prompt_mask=parsed.prompt_mask,
