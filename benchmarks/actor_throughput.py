@@ -102,6 +102,13 @@ def main() -> None:
     parser.add_argument("--backends", default="torch,megatron")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
+    if not list(Path(args.model).glob("tokenizer*")):
+        # The HF actor loads a tokenizer with its model; a random slice has none. The benchmark
+        # feeds token ids, so any tokenizer does: write the tiny model's character tokenizer.
+        from rlinf.data.synthetic import SYNTHETIC_CHARSET
+        from rlinf.models.tiny_tokenizer import build_char_tokenizer
+
+        build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(args.model)
     cfg = Config(
         runner=RunnerConfig(seed=1),
         algorithm=AlgorithmConfig(),

@@ -23,12 +23,13 @@ export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rli
 [ -d .h9-tiny ] && export RLINF_GPU_TINY=$PWD/.h9-tiny
 
 source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site/pytest .h10-pytest/*.whl 2>/dev/null ||
     [ -d /tmp/site/pytest ] || { echo "no pytest: carry .h10-pytest" >&2; exit 1; }
   export PYTHONPATH=/tmp/site/pytest${PYTHONPATH:+:$PYTHONPATH}
 fi
-PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -x)
+PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
 run() { echo "== $*"; "$@" || status=1; }
 
@@ -36,12 +37,13 @@ mode=${1:-all}
 case "$mode" in
   smoke) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py \
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
-  actor|all) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py 2>&1 | tail -n 60 ;;&
-  grpo|all) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 60 ;;&
+  actor|all) run timeout 240 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
+  grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
   bench|all)
     slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
     [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
-    run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" | tee -a "$RLINF_GPU_FIGURES" ;;
+    run timeout 120 python3 benchmarks/actor_throughput.py --model "$slice" --rows 8 --prompt 256 --response 768 \
+      --steps 2 | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|grpo|bench|all) ;;
   *) echo "usage: $0 [smoke|actor|grpo|bench|all]" >&2; exit 2 ;;
 esac

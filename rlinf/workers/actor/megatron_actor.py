@@ -60,6 +60,15 @@ def _set_default_dist_env(rank: int, world_size: int) -> None:
     os.environ.setdefault("MASTER_PORT", "29511")
 
 
+def _without_psutil_memory_log() -> None:
+    """megatron-core's checkpoint writer measures its RSS with psutil only to log it, and raises when
+    psutil is missing (the GPU image has none outside Ray). Without psutil the measurement reads 0."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not filesystem_async.HAVE_PSUTIL:
+        filesystem_async._process_memory = lambda: 0
+
+
 class MegatronActor(ActorWorker, PolicyUpdateBackend):
     INITS_PROCESS_GROUP = True
 
@@ -365,11 +374,22 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     # --- checkpoints -------------------------------------------------------------------------------
 
     def _sharded_state(self, is_loading: bool) -> dict:
-        model_state = self.model[0].module.sharded_state_dict()
-        return {
-            "model": model_state,
-            "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
+        from megatron.core import parallel_state
+
+        # Megatron-LM's torch_dist defaults: the distributed optimizer's state as one ShardedTensor per
+        # contiguous buffer ("dp_reshardable": fully parallel, no gathers). The older default,
+        # "fully_sharded_model_space", fails in 0.19.2 ("ShardedTensor.flattened_range is not supported").
+        metadata = {
+            "distrib_optim_sharding_type": "dp_reshardable",
+            "singleton_local_shards": False,
+            "chained_optim_avoid_prefix": True,
+            "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True),
         }
+        model_state = self.model[0].module.sharded_state_dict(metadata=metadata)
+        optimizer_state = self.optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=metadata
+        )
+        return {"model": model_state, "optimizer": optimizer_state}
 
     def save(self, directory: str) -> None:
         """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
@@ -381,6 +401,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         if dist.get_rank() == 0:
             ckpt.mkdir(parents=True, exist_ok=True)
         dist.barrier()
+        _without_psutil_memory_log()
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(ckpt))
         rng = {
             "torch": torch.get_rng_state(),
@@ -407,8 +428,10 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
-            self.model[0].module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            # The optimizer copies into main params that require grad (fp32: the model's own).
+            with torch.no_grad():
+                self.model[0].module.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
             rng = torch.load(path / RNG_FILE.format(rank=dist.get_rank()), weights_only=False)
             loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
         except CheckpointError:
