@@ -323,7 +323,9 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         buckets: list[WeightBucket] = []
         current: WeightBucket = []
         size = 0
-        for name, tensor in self.iter_hf_weights(cpu=True):
+        # Other ranks drain the collective on the GPU: each full tensor is dropped right away
+        # instead of piling up a CPU copy of the whole model per rank.
+        for name, tensor in self.iter_hf_weights(cpu=keep):
             if not keep:
                 continue
             nbytes = tensor.numel() * tensor.element_size()
