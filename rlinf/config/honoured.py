@@ -197,7 +197,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.optim.exp_avg_sq_dtype": _megatron_only(),
     "actor.lr_sched.lr_decay_style": _actor(MEGATRON_ACTOR_MODULE),
     "actor.lr_sched.lr_warmup_steps": _actor(MEGATRON_ACTOR_MODULE),
-    "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER, pending=MANY_RANKS_HELPER),),
+    "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER),),
+    "actor.num_workers": (TORCH_ACTOR.reads("rlinf.scheduler.roles"),),
     # CPU threads of the embedded workers (both run torch ops on the CPU when there is no GPU).
     "actor.num_threads": (
         TORCH_ACTOR.reads(TORCH_ACTOR_MODULE),

@@ -157,6 +157,8 @@ class ActorConfig:
     lr_sched: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)  # doc: LR schedule
     offload_between_phases: bool = False  # doc: colocated: move weights/optimizer off GPU during rollout
     num_threads: int | None = None  # doc: torch CPU threads per actor worker; null = torch default
+    # doc: torch backend: data-parallel actor workers (DDP; gloo on CPU, NCCL with one per placed GPU)
+    num_workers: int = 1
 
 
 @dataclass(frozen=True)

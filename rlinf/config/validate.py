@@ -33,7 +33,9 @@ def placement_of(cfg: Config) -> Placement:
 
 def actor_data_parallel_size(cfg: Config) -> int:
     gpus = len(placement_of(cfg).gpus["actor"])
-    if cfg.actor.training_backend != "megatron" or gpus == 0:
+    if cfg.actor.training_backend == "torch":
+        return cfg.actor.num_workers
+    if gpus == 0:
         return 1
     m = cfg.actor.model
     return gpus // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size)
@@ -107,13 +109,33 @@ def check_batch_sizes(cfg: Config) -> None:
         )
 
 
+def check_actor_data_parallel(cfg: Config) -> None:
+    """actor.num_workers >= 1, and the step's responses split evenly over the data-parallel ranks."""
+    workers, gpus = cfg.actor.num_workers, len(placement_of(cfg).gpus["actor"])
+    if workers < 1:
+        raise ConfigError(f"actor.num_workers: {workers} < 1")
+    if cfg.actor.training_backend == "torch" and gpus and workers != gpus:
+        raise ConfigError(
+            f"actor.num_workers: {workers} torch actor worker(s) need one GPU each but {gpus} GPU(s) are "
+            "placed for the actor (cluster.component_placement)"
+        )
+    dp, gbs = actor_data_parallel_size(cfg), cfg.actor.global_batch_size
+    if gbs % dp:
+        raise ConfigError(
+            f"actor.global_batch_size: {gbs} does not split over the {dp} data-parallel actor ranks "
+            "(actor.num_workers, or GPUs / (TP x PP x CP) for megatron)"
+        )
+
+
 def check_placement(cfg: Config) -> None:
     placement = placement_of(cfg)  # raises on bad ranges / unknown roles
     actor_gpus, rollout_gpus = len(placement.gpus["actor"]), len(placement.gpus["rollout"])
-    if cfg.actor.training_backend == "torch" and actor_gpus > 1:
+    workers = cfg.actor.num_workers
+    if cfg.actor.training_backend == "torch" and actor_gpus > 1 and actor_gpus != workers:
         raise ConfigError(
-            f"cluster.component_placement: the torch actor runs on one device but {actor_gpus} GPUs are placed; "
-            "use actor.training_backend=megatron for several GPUs"
+            f"cluster.component_placement: the torch actor runs on one device but {actor_gpus} GPUs are placed "
+            f"(actor.num_workers={workers}); set actor.num_workers={actor_gpus} for data parallelism "
+            "or use actor.training_backend=megatron"
         )
     if cfg.rollout.rollout_backend == "torch" and rollout_gpus > 1:
         raise ConfigError(
@@ -217,6 +239,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_algorithm_ranges,
     check_sequence_lengths,
     check_placement,
+    check_actor_data_parallel,
     check_batch_sizes,
     check_sglang_parallelism,
     check_megatron_settings,

@@ -91,12 +91,16 @@ class RolloutBatch:
 
         Rows keep their order; a part is empty when there are fewer groups than parts.
         """
+        return [self.select(rows) for rows in self.shard_rows(n)]
+
+    def shard_rows(self, n: int) -> list[list[int]]:
+        """The row indices of each part of `shard(n)`."""
         if n < 1:
             raise ValueError(f"cannot shard a batch into {n} parts")
         groups = list(dict.fromkeys(self.group_index.tolist()))  # first-appearance order
         position = {g: i for i, g in enumerate(groups)}
         part_of_row = [position[g] * n // max(len(groups), 1) for g in self.group_index.tolist()]
-        return [self.select([r for r, p in enumerate(part_of_row) if p == k]) for k in range(n)]
+        return [[r for r, p in enumerate(part_of_row) if p == k] for k in range(n)]
 
     @staticmethod
     def concat(parts: Sequence[RolloutBatch], *, renumber_groups: bool = True) -> RolloutBatch:

@@ -11,6 +11,7 @@ from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
 from rlinf.data.loader import PromptLoader
 from rlinf.runners.checkpointing import RunCheckpointer
+from rlinf.runners.colocation import ColocatedMemory
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
@@ -32,6 +33,7 @@ class GRPORunner:
         )
         self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
         self.timer = PhaseTimer()
+        self.memory = ColocatedMemory(roles, offload_actor=cfg.actor.offload_between_phases, timer=self.timer)
         self.stop = StopRequest()
         self.step = 0
         self.sampling = SamplingParams.from_config(cfg.algorithm.sampling_params)
@@ -46,6 +48,7 @@ class GRPORunner:
         """Train to the end (or a stop signal); returns the last checkpoint's path."""
         r = self.cfg.runner
         self.step = self.checkpointer.maybe_resume()
+        self.memory.start()
         if self.step == 0 and r.val_check_interval > 0:
             self.metrics.log(self.validate(), step=0)
         started = time.perf_counter()
@@ -77,22 +80,25 @@ class GRPORunner:
         step_start = time.perf_counter()
         prompts = self.loader.next_batch()
         with self.timer.phase("rollout"):
-            batch = roles.rollout.call_rank0(
-                "generate", prompts, a.group_size, self.sampling, self._seed("rollout")
-            )
+            batch = roles.rollout.generate(prompts, a.group_size, self.sampling, self._seed("rollout"))
         with self.timer.phase("reward"):
-            batch = roles.reward.call_rank0("score", batch)
+            batch = roles.reward.score(batch)
         advantages = compute_advantages(
             a.adv_type, batch.rewards, batch.group_index, normalize=a.normalize_advantages
         )
         batch = replace(batch, advantages=advantages.advantages)
+        self.memory.before_actor()  # colocated: the rollout frees the GPUs, the actor comes back
         with self.timer.phase("logprobs"):
-            batch = roles.actor.call_rank0("compute_logprobs", batch)
+            batch = roles.actor.compute_logprobs(batch)
         with self.timer.phase("train"):
-            actor_metrics = roles.actor.call_rank0("train", batch, self.step)
-        with self.timer.phase("weight_sync"):
-            sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb)
-        metrics = {**rollout_metrics(batch), **advantages.metrics, **actor_metrics}
+            actor_metrics = roles.actor.train(batch, self.step)
+        self.memory.sync_and_resume(lambda: sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb))
+        metrics = {
+            **rollout_metrics(batch),
+            **advantages.metrics,
+            **actor_metrics,
+            **self.memory.pop_metrics(),
+        }
         metrics.update(
             logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask)
         )
@@ -122,8 +128,8 @@ class GRPORunner:
     def _score(self, items: list, n: int, params: SamplingParams, chunk: int = 0):
         # Chunk 0 keeps the unchunked seed; later chunks move far past any step's seeds (step * 2 < 2**40).
         seed = (self._seed("validation") + chunk * 2**40) % (2**63)
-        batch = self.roles.rollout.call_rank0("generate", items, n, params, seed)
-        return self.roles.reward.call_rank0("score", batch)
+        batch = self.roles.rollout.generate(items, n, params, seed)
+        return self.roles.reward.score(batch)
 
     def _seed(self, purpose: str) -> int:
         # Depends only on (seed, step, purpose): a resumed run samples exactly what the original would.

@@ -1,4 +1,13 @@
-"""Launch the actor, rollout and reward worker groups where the recipe places them."""
+"""Launch the actor, rollout and reward worker groups where the recipe places them.
+
+Group sizes follow the backend:
+- torch actor: `actor.num_workers` data-parallel replicas (one per placed GPU, or CPU workers);
+- megatron actor: one rank per placed actor GPU (TP x PP x CP x DP);
+- sglang rollout: one engine worker per `rollout.tensor_parallel_size` placed GPUs (the engine
+  starts its own TP processes); torch rollout: one worker;
+- reward: one worker (its grading pool has `reward.num_workers` processes).
+The actor group is `distributed` (one torch.distributed process group); rollout engines are not.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +15,17 @@ from dataclasses import dataclass
 
 from rlinf.config.schema import Config
 from rlinf.config.validate import placement_of, total_gpus
+from rlinf.scheduler.facades import ActorGroup, RewardGroup, RolloutGroup
 from rlinf.scheduler.worker_group import WorkerGroup
 from rlinf.workers.backends import ACTOR_BACKENDS, REWARD_WORKER, ROLLOUT_BACKENDS
 
 
 @dataclass
 class Roles:
-    actor: WorkerGroup
-    rollout: WorkerGroup
-    reward: WorkerGroup
-    colocated: bool
+    actor: ActorGroup
+    rollout: RolloutGroup
+    reward: RewardGroup
+    colocated: bool  # actor and rollout share GPUs (never true on a CPU-only placement)
 
     def shutdown(self) -> None:
         try:  # let the grading pool's processes exit with their parent
@@ -26,34 +36,54 @@ class Roles:
             group.kill()
 
 
+def group_sizes(cfg: Config) -> dict[str, int]:
+    """Ranks per role for this recipe and placement (pure: no Ray)."""
+    placement = placement_of(cfg)
+    actor_gpus, rollout_gpus = len(placement.gpus["actor"]), len(placement.gpus["rollout"])
+    if cfg.actor.training_backend == "megatron":
+        actor = max(actor_gpus, 1)
+    else:
+        actor = cfg.actor.num_workers
+    rollout = 1
+    if cfg.rollout.rollout_backend == "sglang":
+        rollout = max(rollout_gpus // cfg.rollout.tensor_parallel_size, 1)
+    return {"actor": actor, "rollout": rollout, "reward": 1}
+
+
 def launch_roles(cfg: Config) -> Roles:
     placement = placement_of(cfg)
     pg = _gpu_placement_group(total_gpus(cfg))
     colocated = placement.is_colocated("actor", "rollout")
     share = 0.5 if colocated else 1.0  # colocated roles split each GPU's Ray resource
+    sizes = group_sizes(cfg)
 
-    def gpu_group(role: str, target: str, workers_per_gpu_set: int) -> WorkerGroup:
+    def gpu_group(role: str, target: str, gpus_per_rank: int, distributed: bool = False) -> WorkerGroup:
         gpus = placement.gpus[role]
         if not gpus:
-            return WorkerGroup(role, target, (cfg,), num_workers=1)
+            return WorkerGroup(role, target, (cfg,), num_workers=sizes[role], distributed=distributed)
+        # A rank's bundle is the first GPU of its share (an SGLang engine starts its other TP
+        # processes on the following GPUs itself).
         return WorkerGroup(
             role,
             target,
             (cfg,),
-            num_workers=workers_per_gpu_set,
+            num_workers=sizes[role],
             gpu_share=share,
             placement_group=pg,
-            bundle_indices=list(gpus[:workers_per_gpu_set]),
+            bundle_indices=[gpus[rank * gpus_per_rank] for rank in range(sizes[role])],
+            distributed=distributed,
         )
 
-    actor_workers = len(placement.gpus["actor"]) if cfg.actor.training_backend == "megatron" else 1
-    rollout_workers = 1
-    if cfg.rollout.rollout_backend == "sglang":
-        rollout_workers = len(placement.gpus["rollout"]) // cfg.rollout.tensor_parallel_size
-    actor = gpu_group("actor", ACTOR_BACKENDS[cfg.actor.training_backend], actor_workers)
-    rollout = gpu_group("rollout", ROLLOUT_BACKENDS[cfg.rollout.rollout_backend], rollout_workers)
+    actor = gpu_group("actor", ACTOR_BACKENDS[cfg.actor.training_backend], 1, distributed=True)
+    rollout_tp = cfg.rollout.tensor_parallel_size if cfg.rollout.rollout_backend == "sglang" else 1
+    rollout = gpu_group("rollout", ROLLOUT_BACKENDS[cfg.rollout.rollout_backend], rollout_tp)
     reward = WorkerGroup("reward", REWARD_WORKER, (cfg,), num_workers=1)
-    return Roles(actor=actor, rollout=rollout, reward=reward, colocated=colocated)
+    return Roles(
+        actor=ActorGroup(actor),
+        rollout=RolloutGroup(rollout),
+        reward=RewardGroup(reward),
+        colocated=colocated,
+    )
 
 
 def _gpu_placement_group(num_gpus: int):

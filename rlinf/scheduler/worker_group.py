@@ -106,6 +106,15 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def device_memory_used_gib(self) -> float | None:
+        """Memory in use on this rank's GPU by ALL processes (an SGLang engine's too); None on CPU."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**30
+
 
 class WorkerGroup:
     def __init__(
@@ -182,6 +191,9 @@ class WorkerGroup:
 
     def pids(self) -> list[int]:
         return list(self._pids)
+
+    def device_memory_used_gib(self) -> list[float | None]:
+        return self._get([h.device_memory_used_gib.remote() for h in self.handles])
 
     def get(self, refs: list) -> list:
         """Results of refs from call_async (in rank order), with this group's failure handling."""

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from rlinf.scheduler.worker_group import DIST_ENV_VARS
+from rlinf.workers.actor.torch_actor import TorchActor
+from rlinf.workers.rollout.torch_rollout import TorchRollout
 
 
 class CollectiveWorker:
@@ -47,3 +50,61 @@ class SelfInitWorker(CollectiveWorker):
         assert not dist.is_initialized(), "the group must leave the init to this backend"
         dist.init_process_group(backend="gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
         super().__init__(rank=rank, world_size=world_size)
+
+
+# --- real embedded workers that also journal their memory-phase verbs (colocated order test) ---
+
+JOURNAL = "verb_journal.txt"
+
+
+def _journal(cfg, verb: str) -> None:
+    # One file under the run's output dir, shared by both workers; a monotonic stamp orders them.
+    path = Path(cfg.runner.output_dir) / JOURNAL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(f"{time.monotonic_ns()} {verb}\n")
+
+
+def read_journal(output_dir: str) -> list[str]:
+    lines = (Path(output_dir) / JOURNAL).read_text().splitlines()
+    return [verb for _, verb in sorted(line.split(" ", 1) for line in lines)]
+
+
+class JournalingTorchActor(TorchActor):
+    def onload(self) -> None:
+        _journal(self.cfg, "actor.onload")
+        super().onload()
+
+    def offload(self) -> None:
+        _journal(self.cfg, "actor.offload")
+        super().offload()
+
+    def compute_logprobs(self, batch):
+        _journal(self.cfg, "actor.compute_logprobs")
+        return super().compute_logprobs(batch)
+
+    def train(self, batch, step):
+        _journal(self.cfg, "actor.train")
+        return super().train(batch, step)
+
+    def export_weights(self, bucket_bytes):
+        _journal(self.cfg, "actor.export_weights")
+        return super().export_weights(bucket_bytes)
+
+
+class JournalingTorchRollout(TorchRollout):
+    def generate(self, prompts, n, params, seed):
+        _journal(self.cfg, "rollout.generate")
+        return super().generate(prompts, n, params, seed)
+
+    def sleep(self) -> None:
+        _journal(self.cfg, "rollout.sleep")
+        super().sleep()
+
+    def wake(self, tags=None) -> None:
+        _journal(self.cfg, f"rollout.wake:{','.join(tags or ['all'])}")
+        super().wake(tags)
+
+    def update_weights(self, buckets) -> None:
+        _journal(self.cfg, "rollout.update_weights")
+        super().update_weights(buckets)

@@ -27,8 +27,25 @@ class RolloutWorker(ABC):
 
     @abstractmethod
     def sleep(self) -> None:
-        """Colocated runs: release accelerator memory during training."""
+        """Colocated runs: release the accelerator memory of every tag (KV cache and weights) so
+        the actor can train. Idempotent. Weights released here may be lost: the runner always
+        syncs them again after `wake(["weights"])`."""
 
     @abstractmethod
-    def wake(self) -> None:
-        """Re-acquire memory before generate."""
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Re-acquire the memory of `tags` (a subset of MEMORY_TAGS; None = all). Idempotent.
+        The runner's colocated order: wake(["weights"]) -> weight sync -> actor offload ->
+        wake(["kv_cache", "cuda_graph"]); a backend without a tag's memory ignores that tag."""
+
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def check_memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """The tags to act on (None = all); an unknown tag is an error naming the valid ones."""
+    if tags is None:
+        return MEMORY_TAGS
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ValueError(f"unknown rollout memory tag(s) {unknown}; valid: {', '.join(MEMORY_TAGS)}")
+    return tuple(tags)

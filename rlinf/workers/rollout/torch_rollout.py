@@ -17,7 +17,7 @@ from rlinf.workers.common import (
     pad_token_id,
     worker_device,
 )
-from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
+from rlinf.workers.rollout.base import RolloutWorker, WeightBucket, check_memory_tags
 from rlinf.workers.rollout.sampling import SamplingParams, sample
 
 
@@ -77,10 +77,12 @@ class TorchRollout(RolloutWorker):
         return cpu_weights(self.model)
 
     def sleep(self) -> None:
+        # The KV cache lives only inside generate; the weights go to host memory (and keep their
+        # values, though the runner syncs them again anyway).
         if self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
 
-    def wake(self) -> None:
-        if self.device.type == "cuda":
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        if "weights" in check_memory_tags(tags) and self.device.type == "cuda":
             self.model.to(self.device)

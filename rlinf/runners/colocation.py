@@ -1,0 +1,82 @@
+"""The colocated memory order: actor and rollout take turns on the same GPUs.
+
+    generate (rollout awake; actor offloaded when actor.offload_between_phases)
+    -> rollout releases KV cache and weights        time/rollout_release
+    -> actor onloads                                time/actor_onload
+    -> logprobs + train
+    -> rollout resumes its weights                  time/rollout_resume_weights
+    -> weight sync                                  time/weight_sync
+    -> actor offloads (offload_between_phases only) time/actor_offload
+    -> rollout resumes its KV cache                 time/rollout_resume_kv_cache
+
+Each transition is logged and timed; where CUDA is present the GPU memory in use after it is
+recorded as memory/<transition>_gib (the fullest GPU of the actor's ranks, all processes counted).
+Disaggregated and CPU placements (`roles.colocated` false) skip the transitions: only the weight
+sync runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from rlinf.scheduler.roles import Roles
+from rlinf.utils.metrics import PhaseTimer
+
+logger = logging.getLogger(__name__)
+
+
+class ColocatedMemory:
+    def __init__(self, roles: Roles, *, offload_actor: bool, timer: PhaseTimer) -> None:
+        self.roles = roles
+        self.active = roles.colocated
+        self.offload_actor = offload_actor
+        self.timer = timer
+        self.memory: dict[str, float] = {}
+
+    def start(self) -> None:
+        """Before the first rollout: the actor leaves the GPUs if it is to be offloaded."""
+        if self.active and self.offload_actor:
+            self._transition("actor_offload", self.roles.actor.offload)
+
+    def before_actor(self) -> None:
+        """After generate/score, before compute_logprobs."""
+        if not self.active:
+            return
+        self._transition("rollout_release", self.roles.rollout.sleep)
+        self._transition("actor_onload", self.roles.actor.onload)
+
+    def sync_and_resume(self, sync: Callable[[], object]) -> None:
+        """After train: weights into the rollout, the actor out of the way, the rollout back."""
+        if not self.active:
+            with self.timer.phase("weight_sync"):
+                sync()
+            return
+        self._transition("rollout_resume_weights", lambda: self.roles.rollout.wake(["weights"]))
+        self._transition("weight_sync", sync)
+        if self.offload_actor:
+            self._transition("actor_offload", self.roles.actor.offload)
+        self._transition(
+            "rollout_resume_kv_cache", lambda: self.roles.rollout.wake(["kv_cache", "cuda_graph"])
+        )
+
+    def pop_metrics(self) -> dict[str, float]:
+        memory, self.memory = self.memory, {}
+        return memory
+
+    def _transition(self, name: str, action: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        with self.timer.phase(name):
+            reported = action()
+        if isinstance(reported, dict):  # e.g. the Megatron actor's actor/offload_freed_gib
+            self.memory.update(reported)
+        used = self.roles.actor.device_memory_used_gib()
+        if used is not None:
+            self.memory[f"memory/{name}_gib"] = used
+        logger.info(
+            "colocated memory: %s took %.2fs%s",
+            name,
+            time.perf_counter() - started,
+            "" if used is None else f", GPU memory in use {used:.2f} GiB",
+        )

@@ -1,0 +1,181 @@
+"""Role facades: the runner calls coarse verbs; each facade owns "shard -> call every rank -> merge".
+
+- `ActorGroup`: every rank receives the whole batch through ONE object-store reference (ray.put
+  once) and takes its own data-parallel rows (the backend's `dp_info()`; see
+  rlinf.workers.actor.base). `compute_logprobs` concatenates the reporting ranks' rows in dp-rank
+  order; `train` returns one reporting rank's metrics (already all-reduced inside the update);
+  `save`/`load`/`offload`/`onload` are collective (every rank is called).
+- `RolloutGroup`: one rank per engine. `generate` gives engine i the i-th contiguous share of the
+  prompts (whole GRPO groups) and concatenates the results, renumbering group ids so that engines
+  never collide. `sleep()` / `wake(tags)` reach every engine.
+- `RewardGroup`: `score` shards a batch over the reward workers by whole groups.
+
+Each facade still answers the raw WorkerGroup calls (`call`, `call_async`, `call_each`,
+`call_rank0`, `get`, `handles`, `pids`, `kill`), which weight sync uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rlinf.data.batch import RolloutBatch
+from rlinf.scheduler.metrics_merge import merge_metrics
+from rlinf.scheduler.worker_group import WorkerGroup
+
+SEED_STRIDE = 0x9E3779B97F4A7C15  # engine i samples with seed + i * stride: streams never coincide
+
+
+def engine_seed(seed: int, engine: int) -> int:
+    """Engine 0 keeps the step's seed, so one engine samples exactly what it always did."""
+    return (seed + engine * SEED_STRIDE) % (2**63)
+
+
+def contiguous_shares(items: Sequence[Any], n: int) -> list[list[Any]]:
+    """n consecutive shares of `items` whose sizes differ by at most one."""
+    return [list(items[i * len(items) // n : (i + 1) * len(items) // n]) for i in range(n)]
+
+
+class GroupFacade:
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group = group
+
+    # The raw group verbs, for weight sync and tests.
+    @property
+    def role(self) -> str:
+        return self.group.role
+
+    @property
+    def handles(self) -> list:
+        return self.group.handles
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list:
+        return self.group.call(method, *args, **kwargs)
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> list:
+        return self.group.call_async(method, *args, **kwargs)
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple | None]) -> list:
+        return self.group.call_each(method, per_rank_args)
+
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.group.call_rank0(method, *args, **kwargs)
+
+    def get(self, refs: list) -> list:
+        return self.group.get(refs)
+
+    _get = get  # the name weight-sync code uses
+
+    def pids(self) -> list[int]:
+        return self.group.pids()
+
+    def kill(self) -> None:
+        self.group.kill()
+
+    def device_memory_used_gib(self) -> float | None:
+        """The fullest GPU among this group's ranks (all processes on it); None without CUDA."""
+        used = [u for u in self.group.device_memory_used_gib() if u is not None]
+        return max(used) if used else None
+
+
+class ActorGroup(GroupFacade):
+    def __init__(self, group: WorkerGroup) -> None:
+        super().__init__(group)
+        infos = group.call("dp_info")
+        sizes = {info.size for info in infos}
+        reporting = sorted((info.rank, rank) for rank, info in enumerate(infos) if info.reports)
+        if len(sizes) != 1 or [dp for dp, _ in reporting] != list(range(infos[0].size)):
+            raise RuntimeError(
+                f"actor ranks report inconsistent data parallelism: {[(i.rank, i.size, i.reports) for i in infos]}; "
+                "exactly one reporting rank per data-parallel rank is needed"
+            )
+        self.dp_size = infos[0].size
+        self.reporting_ranks = [rank for _, rank in reporting]  # worker rank of dp rank 0, 1, ...
+
+    def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        import ray
+
+        results = self.group.call("compute_logprobs", ray.put(batch))
+        parts = [results[rank] for rank in self.reporting_ranks]
+        if sum(len(p) for p in parts) != len(batch):
+            raise RuntimeError(
+                f"actor: data-parallel ranks returned {[len(p) for p in parts]} rows for a batch of {len(batch)}"
+            )
+        width = batch.response_ids.shape[1]
+        old = _rows_at_width([p.old_logprobs for p in parts], width)
+        ref = (
+            None if parts[0].ref_logprobs is None else _rows_at_width([p.ref_logprobs for p in parts], width)
+        )
+        return replace(batch, old_logprobs=old, ref_logprobs=ref)
+
+    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        import ray
+
+        results = self.group.call("train", ray.put(batch), step)
+        return results[self.reporting_ranks[0]]
+
+    def save(self, directory: str) -> None:
+        self.group.call("save", directory)
+
+    def load(self, directory: str) -> None:
+        self.group.call("load", directory)
+
+    def offload(self) -> dict[str, float]:
+        """Collective; a backend may return metrics (e.g. memory freed), merged over the reporting ranks."""
+        return self._reported_metrics(self.group.call("offload"))
+
+    def onload(self) -> dict[str, float]:
+        return self._reported_metrics(self.group.call("onload"))
+
+    def _reported_metrics(self, results: list) -> dict[str, float]:
+        dicts = [results[rank] for rank in self.reporting_ranks if isinstance(results[rank], dict)]
+        return merge_metrics(dicts, [1.0] * len(dicts)) if dicts else {}
+
+
+class RolloutGroup(GroupFacade):
+    def generate(self, prompts: Sequence[Any], n: int, params: Any, seed: int) -> RolloutBatch:
+        shares = contiguous_shares(prompts, len(self.group))
+        args = [
+            (share, n, params, engine_seed(seed, engine)) if share else None
+            for engine, share in enumerate(shares)
+        ]
+        return RolloutBatch.concat([r for r in self.group.call_each("generate", args) if r is not None])
+
+    def sleep(self) -> None:
+        self.group.call("sleep")
+
+    def wake(self, tags: Sequence[str]) -> None:
+        self.group.call("wake", list(tags))
+
+
+class RewardGroup(GroupFacade):
+    def score(self, batch: RolloutBatch) -> RolloutBatch:
+        if len(self.group) == 1:
+            return self.group.call_rank0("score", batch)
+        # Each shard carries no step extras (they would be merged once per shard); the grader's own
+        # per-shard scalars are merged, then the batch's are put back.
+        shard_rows = batch.shard_rows(len(self.group))
+        shards = [replace(batch.select(rows), extras={}) for rows in shard_rows]
+        scored = self.group.call_each("score", [(s,) if len(s) else None for s in shards])
+        parts = [s for s in scored if s is not None]
+        merged = RolloutBatch.concat(parts, renumber_groups=False)
+        # Back to the batch's row order (shards hold whole groups, which need not be contiguous).
+        order = torch.tensor([r for rows in shard_rows for r in rows])
+        merged = merged.select(torch.argsort(order))
+        extras = merge_metrics([p.extras for p in parts], [float(p.num_response_tokens) for p in parts])
+        return replace(merged, extras={**batch.extras, **extras})
+
+
+def _rows_at_width(parts: Sequence[torch.Tensor | None], width: int) -> torch.Tensor:
+    tensors = [p for p in parts if p is not None]
+    if len(tensors) != len(parts):
+        raise RuntimeError("actor: some data-parallel ranks returned no logprobs")
+    return torch.cat(
+        [torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t for t in tensors]
+    )

@@ -1,0 +1,77 @@
+"""The torch actor's data parallelism: N DDP workers (gloo) compute the update of one worker."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlinf.algorithms import compute_advantages
+from rlinf.models.loader import load_tokenizer
+from rlinf.runners.data_setup import build_datasets
+from rlinf.scheduler.facades import ActorGroup
+from rlinf.scheduler.worker_group import WorkerGroup
+from rlinf.workers.backends import ACTOR_BACKENDS
+from rlinf.workers.rollout.sampling import SamplingParams
+from rlinf.workers.rollout.torch_rollout import TorchRollout
+from tests.integration.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+# 16 responses, minibatches of 8 (two optimizer steps), micro-batches of 2: with 2 ranks each rank
+# trains 2 micro-batches of its 4 rows per minibatch.
+OVERRIDES = {
+    "actor.global_batch_size": 8,
+    "actor.micro_batch_size": 2,
+    "actor.optim.lr": 1e-3,
+    # Adam divides by |g| + eps: at eps 1e-8 a rounding difference in a gradient entry that nearly
+    # cancels to 0 (the micro-batch sums are added in another order on 2 ranks) becomes an lr-sized
+    # weight difference (seen: 1.3e-6). At 1e-4 the comparison measures the data-parallel maths.
+    "actor.optim.adam_eps": 1e-4,
+    "actor.optim.clip_grad": 1e9,  # no clipping: the grad norm below is the raw one on both sides
+    "actor.model.precision": "fp32",
+}
+
+
+def scored_batch(cfg):
+    train, _, _ = build_datasets(cfg, load_tokenizer(cfg.actor.model.model_path))
+    batch = TorchRollout(cfg).generate(
+        list(train)[:4], 4, SamplingParams.from_config(cfg.algorithm.sampling_params), seed=3
+    )
+    # Rewards that make every group's advantages non-zero; response lengths differ between rows,
+    # so per-rank token counts differ and a rank-local normaliser would change the update.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    advantages = compute_advantages("grpo", rewards, batch.group_index).advantages
+    return replace(batch, rewards=rewards, advantages=advantages)
+
+
+def train_once(cfg, batch, workers: int):
+    group = WorkerGroup("actor", ACTOR_BACKENDS["torch"], (cfg,), num_workers=workers, distributed=True)
+    try:
+        actor = ActorGroup(group)
+        with_logprobs = actor.compute_logprobs(batch)
+        metrics = actor.train(with_logprobs, step=1)
+        return with_logprobs, metrics, group.call("named_weights")
+    finally:
+        group.kill()
+
+
+def test_two_ddp_workers_take_the_step_of_one(random_tiny_checkpoint, tmp_path, ray_session):
+    cfg_one = small_config(random_tiny_checkpoint, tmp_path, **OVERRIDES)
+    cfg_two = small_config(random_tiny_checkpoint, tmp_path, **{**OVERRIDES, "actor.num_workers": 2})
+    batch = scored_batch(cfg_one)
+    assert len(set(batch.response_mask.sum(1).tolist())) > 1, "test needs rows of different lengths"
+
+    one_batch, one_metrics, (one_weights,) = train_once(cfg_one, batch, 1)
+    two_batch, two_metrics, (rank0, rank1) = train_once(cfg_two, batch, 2)
+
+    # logprob recompute: each rank did half the rows; the facade put them back in order
+    assert torch.allclose(two_batch.old_logprobs, one_batch.old_logprobs, atol=1e-6)
+    # DDP replicas stay identical
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+    initial = TorchRollout(cfg_one).named_weights()
+    moved = max(float((one_weights[k] - initial[k]).abs().max()) for k in one_weights)
+    assert moved > 1e-4, "the step must move the weights well beyond the tolerance below"
+    worst = max(float((rank0[k] - one_weights[k]).abs().max()) for k in one_weights)
+    assert worst <= 1e-6, f"2-worker weights differ from 1-worker ones by {worst}"
+    for name in ("actor/loss", "actor/policy_loss", "actor/grad_norm", "actor/ratio_max", "actor/entropy"):
+        assert two_metrics[name] == pytest.approx(one_metrics[name], rel=1e-5, abs=1e-7), name
