@@ -20,8 +20,14 @@ def moonlight_actor() -> ActorConfig:
 def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names():
     s = translate(moonlight_actor(), te_available=True)
     p = s.provider
-    assert (p["tensor_model_parallel_size"], p["expert_model_parallel_size"], p["expert_tensor_parallel_size"]) == (8, 8, 1)
-    assert p["pipeline_model_parallel_size"] == 1 and p["context_parallel_size"] == 1 and p["sequence_parallel"]
+    assert (
+        p["tensor_model_parallel_size"],
+        p["expert_model_parallel_size"],
+        p["expert_tensor_parallel_size"],
+    ) == (8, 8, 1)
+    assert (
+        p["pipeline_model_parallel_size"] == 1 and p["context_parallel_size"] == 1 and p["sequence_parallel"]
+    )
     assert p["seq_length"] == 9216 and p["bf16"] and p["params_dtype"] == "bfloat16"
     # RL: no aux loss, frozen routing bias, fp32 router, alltoall, no MTP, no apex fusion
     assert p["moe_aux_loss_coeff"] == 0.0 and p["moe_router_load_balancing_type"] == "none"
@@ -32,7 +38,11 @@ def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names()
     assert p["moe_grouped_gemm"] is True  # with Transformer Engine
     o = s.optimizer
     assert o["use_distributed_optimizer"] and o["use_precision_aware_optimizer"]
-    assert (o["main_params_dtype"], o["exp_avg_dtype"], o["exp_avg_sq_dtype"]) == ("float32", "bfloat16", "bfloat16")
+    assert (o["main_params_dtype"], o["exp_avg_dtype"], o["exp_avg_sq_dtype"]) == (
+        "float32",
+        "bfloat16",
+        "bfloat16",
+    )
     assert o["lr"] == 1e-6 and o["clip_grad"] == 1.0 and o["bf16"]
     assert s.ddp["use_distributed_optimizer"] and s.warnings == ()
 
@@ -44,7 +54,9 @@ def test_without_transformer_engine_fusions_are_off_and_the_precision_aware_opti
     assert not p["moe_grouped_gemm"] and not p["moe_permute_fusion"] and not p["persist_layer_norm"]
     o = s.optimizer
     assert not o["use_precision_aware_optimizer"]
-    assert {o[k] for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")} == {"float32"}
+    assert {o[k] for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")} == {
+        "float32"
+    }
     assert len(s.warnings) == 1 and "FusedAdam" in s.warnings[0]
 
 
@@ -84,7 +96,10 @@ def test_unsupported_parallel_layouts_are_named():
     with pytest.raises(MegatronSettingsError, match="context_parallel_size"):
         translate(ActorConfig(model=ModelConfig(context_parallel_size=2)), te_available=False)
     with pytest.raises(MegatronSettingsError, match="recompute_modules"):
-        translate(ActorConfig(model=ModelConfig(recompute_granularity="selective", recompute_modules=("x",))), te_available=True)
+        translate(
+            ActorConfig(model=ModelConfig(recompute_granularity="selective", recompute_modules=("x",))),
+            te_available=True,
+        )
 
 
 def test_the_loader_refuses_bf16_master_weights_before_any_worker_starts():
