@@ -75,3 +75,46 @@ def test_two_ddp_workers_take_the_step_of_one(random_tiny_checkpoint, tmp_path, 
     assert worst <= 1e-6, f"2-worker weights differ from 1-worker ones by {worst}"
     for name in ("actor/loss", "actor/policy_loss", "actor/grad_norm", "actor/ratio_max", "actor/entropy"):
         assert two_metrics[name] == pytest.approx(one_metrics[name], rel=1e-5, abs=1e-7), name
+
+
+def rows_of_rank(
+    num_rows: int, global_batch: int, seed: int, step: int, dp_rank: int, dp_size: int
+) -> list[int]:
+    """The batch rows that run_policy_update gives `dp_rank` (same shuffle, same minibatch cut)."""
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed + step)).tolist()
+    share = global_batch // dp_size
+    return [
+        order[start + dp_rank * share + i] for start in range(0, num_rows, global_batch) for i in range(share)
+    ]
+
+
+@pytest.mark.parametrize(("threshold", "stops"), [(2.0, False), (1.5, True)])
+def test_early_stop_is_decided_from_the_global_ratio(
+    random_tiny_checkpoint, tmp_path, ray_session, threshold, stops
+):
+    # Rank 1's rows get old logprobs 1 nat lower: its local mean ratio is about e (2.7), rank 0's
+    # about 1, the global one about 1.9. A rank-local decision at threshold 2 would stop rank 1
+    # only and let the replicas drift apart.
+    cfg = small_config(
+        random_tiny_checkpoint,
+        tmp_path,
+        **{**OVERRIDES, "actor.num_workers": 2, "algorithm.early_stop_imp_ratio": threshold},
+    )
+    batch = scored_batch(cfg)
+    group = WorkerGroup("actor", ACTOR_BACKENDS["torch"], (cfg,), num_workers=2, distributed=True)
+    try:
+        actor = ActorGroup(group)
+        batch = actor.compute_logprobs(batch)
+        shifted = rows_of_rank(len(batch), 8, cfg.runner.seed, 1, dp_rank=1, dp_size=2)
+        old = batch.old_logprobs.clone()
+        old[shifted] = torch.where(batch.response_mask[shifted], old[shifted] - 1.0, old[shifted])
+        before = group.call_rank0("named_weights")
+        metrics = actor.train(replace(batch, old_logprobs=old), step=1)
+        rank0, rank1 = group.call("named_weights")
+    finally:
+        group.kill()
+    assert metrics["actor/early_stopped_minibatches"] == (2.0 if stops else 0.0)
+    if not stops:
+        assert 1.5 < metrics["actor/ratio_mean"] < 2.0  # the premise: the global ratio sits between
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0), "the replicas took different branches"
+    assert all(torch.equal(rank0[k], before[k]) for k in rank0) == stops
