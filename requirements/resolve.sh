@@ -12,7 +12,28 @@ TARGET="${1:-}"
 COMBO="${2:-}"
 MODE="${3:-check}"
 
-VENV="${RESOLVE_VENV:-$(mktemp -d /tmp/rlinf-resolve.XXXXXX)}"
+# Check the arguments before spending time on a venv.
+case "${TARGET}" in
+  embedded) ;;
+  agentic)
+    [[ -n "${COMBO}" && -f "${REPO_ROOT}/requirements/agentic/${COMBO}/intent.txt" ]] || {
+      echo "resolve.sh: name a combination: $(cd "${REPO_ROOT}/requirements/agentic" && ls -d */ | tr -d / | tr '\n' ' ')" >&2
+      exit 2
+    } ;;
+  *)
+    echo "usage: bash requirements/resolve.sh embedded | agentic COMBO [--lock]" >&2
+    exit 2
+    ;;
+esac
+[[ "${MODE}" == "check" || "${MODE}" == "--lock" ]] || { echo "resolve.sh: unknown option '${MODE}' (only --lock)" >&2; exit 2; }
+
+CLEANUP=()
+trap 'rm -rf "${CLEANUP[@]}"' EXIT
+VENV="${RESOLVE_VENV:-}"
+if [[ -z "${VENV}" ]]; then
+  VENV="$(mktemp -d /tmp/rlinf-resolve.XXXXXX)"
+  CLEANUP+=("${VENV}")
+fi
 [[ -x "${VENV}/bin/python" ]] || python3 -m venv "${VENV}"
 "${VENV}/bin/python" -m pip install -q --disable-pip-version-check -U pip
 PIP=("${VENV}/bin/python" -m pip)
@@ -29,10 +50,6 @@ case "${TARGET}" in
     ;;
   agentic)
     COMBO_DIR="${REPO_ROOT}/requirements/agentic/${COMBO}"
-    [[ -n "${COMBO}" && -f "${COMBO_DIR}/intent.txt" ]] || {
-      echo "resolve.sh: name a combination: $(cd "${REPO_ROOT}/requirements/agentic" && ls -d */ | tr -d / | tr '\n' ' ')" >&2
-      exit 2
-    }
     # Target platform, not this host: CPython 3.12, glibc up to 2.34 (sglang's wheel is manylinux_2_34).
     PLATFORM=()
     for minor in $(seq 34 -1 5); do PLATFORM+=(--platform "manylinux_2_${minor}_x86_64"); done
@@ -40,6 +57,7 @@ case "${TARGET}" in
     # antlr4-python3-runtime 4.9.3 is published only as a (pure Python) sdist, and a cross-platform
     # dry run accepts wheels only: build that one wheel locally and offer it with --find-links.
     WHEELS="$(mktemp -d /tmp/rlinf-resolve-wheels.XXXXXX)"
+    CLEANUP+=("${WHEELS}")
     "${PIP[@]}" --isolated wheel -q --disable-pip-version-check --no-deps "${INDEX[@]}" \
       antlr4-python3-runtime==4.9.3 -w "${WHEELS}"
     REQ="${COMBO_DIR}/lock.txt"
@@ -61,10 +79,6 @@ with open(out, "w") as f:
 print(f"resolve.sh: wrote {len(pins)} pins to {out}")
 EOF
     fi
-    ;;
-  *)
-    echo "usage: bash requirements/resolve.sh embedded | agentic COMBO [--lock]" >&2
-    exit 2
     ;;
 esac
 echo "resolve.sh: pip's resolver accepts the ${TARGET} set"

@@ -257,3 +257,38 @@ def test_math_verify_parses_latex_with_the_pinned_runtime() -> None:
     assert verify(parse(r"$\frac12$"), parse("$0.5$"))
     assert not verify(parse(r"$\frac13$"), parse("$0.5$"))
     assert verify(parse(r"$\sqrt{2}\cdot\sqrt{8}$"), parse("$4$"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["agentic", "no-such-combination"],
+            "name a combination: sglang-0.5.12_torch-2.11.0_transformers-5.12.1",
+        ),
+        (["agentic", "sglang-0.5.12_torch-2.11.0_transformers-5.6.0", "--bogus"], "unknown option '--bogus'"),
+        ([], "usage: bash requirements/resolve.sh"),
+    ],
+)
+def test_resolve_script_refuses_bad_arguments_before_any_work(args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        ["bash", str(REPO / "requirements" / "resolve.sh"), *args], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "pip" not in proc.stdout  # no venv was made, no pip ran
+
+
+def test_import_check_names_every_missing_package() -> None:
+    # This Python has torch and ray but not the GPU stack: the check must fail and say which.
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here")
+    proc = subprocess.run(
+        [sys.executable, str(AGENTIC / "check_stack.py")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "FAIL  sglang: ModuleNotFoundError" in proc.stdout
+    assert "ok    torch " in proc.stdout and "ok    ray " in proc.stdout
+    assert "import check failed for: sglang" in proc.stderr
