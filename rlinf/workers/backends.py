@@ -23,8 +23,8 @@ REQUIRED_PACKAGES = {
     ("rollout", "sglang"): (("sglang", "sglang"),),
 }
 INSTALL_HINT = (
-    "install the GPU stack with: bash requirements/install.sh agentic --platform nvidia "
-    "(see docs/quickstart.md)"
+    "install the GPU stack with: bash requirements/install.sh agentic --sglang 0.5.12 --torch 2.11.0 "
+    "--transformers 5.12.1 --platform nvidia --venv /opt/venv/rlinf (see docs/install.md)"
 )
 # Backends whose worker code arrives with the GPU issues; named here so the message is honest.
 NOT_YET_AVAILABLE = {("rollout", "sglang")}

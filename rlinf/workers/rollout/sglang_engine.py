@@ -21,12 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlinf.workers.backends import INSTALL_HINT as GPU_STACK_HINT
 from rlinf.workers.rollout.sglang_args import ALL_MEMORY_TAGS
 
-INSTALL_HINT = (
-    "rollout.rollout_backend=sglang needs sglang 0.5.12 (Python 3.12, CUDA): "
-    "bash requirements/install.sh agentic --platform nvidia (see docs/sglang.md)"
-)
+INSTALL_HINT = f"rollout.rollout_backend=sglang needs sglang 0.5.12 (Python 3.12, CUDA); {GPU_STACK_HINT}"
 # (object, method) pairs of sglang.Engine this module calls, with the keyword arguments it passes.
 SGLANG_CALLS: dict[str, tuple[str, ...]] = {
     "async_generate": ("input_ids", "sampling_params", "return_logprob"),
