@@ -85,7 +85,30 @@ def render_reference() -> str:
         ]
         lines += _rows(section_cls, f.name)
         lines.append("")
+    lines += _exit_code_rows()
     return "\n".join(lines)
+
+
+def _exit_code_rows() -> list[str]:
+    from rlinf.runners.exit_codes import TABLE
+
+    return [
+        "## Exit codes",
+        "",
+        "`examples/reasoning/main_grpo.py` ends bad input with one line naming the key or file and the",
+        "problem, checked before anything is written and before Ray starts, and an exit code per class",
+        "(`rlinf/runners/exit_codes.py`):",
+        "",
+        "| code | meaning |",
+        "| --- | --- |",
+        *(f"| {code} | {meaning} |" for code, _, meaning in TABLE),
+        "",
+        "Text a tokenizer cannot represent is not an error: it becomes the unknown token, and one warning",
+        "per split says how many prompt tokens that hit, with examples. The tiny model's character",
+        "tokenizer knows only the characters of its arithmetic task, so most prose (GSM8K, AReaL-boba)",
+        "is largely unknown to it: such data runs, but the tiny model cannot read it.",
+        "",
+    ]
 
 
 if __name__ == "__main__":

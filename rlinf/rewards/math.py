@@ -102,7 +102,7 @@ def extract_last_boxed(text: str) -> str | None:
         return rest[start + 1 : end] if end >= 0 else None
     if stripped is rest:  # "\boxedx" is not a box
         return None
-    token = re.match(r"[^\s$]*", stripped).group(0)
+    token = re.match(r"[^\s$]*", stripped).group(0)  # type: ignore[union-attr]  # * always matches
     return re.split(r"\\[\])]", token)[0] or None
 
 
@@ -126,7 +126,7 @@ def _exponents(s: str):
             end = len(s) - 1 if end < 0 else end
             yield s[start + 1 : end], s[end + 1 :]
         else:
-            token = re.match(r"\\[a-zA-Z]+|.?", s[start:]).group(0)
+            token = re.match(r"\\[a-zA-Z]+|.?", s[start:]).group(0)  # type: ignore[union-attr]  # .? always matches
             yield token, s[start + len(token) :]
 
 

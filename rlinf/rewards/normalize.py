@@ -182,7 +182,7 @@ def numeric_sequence(normalized: str) -> tuple[str, tuple] | None:
         delimiters, body = "", s
     else:
         return None
-    values = []
+    values: list[str | Fraction] = []
     for element in _split_top_level(body):
         if element in ("\\infty", "+\\infty", "-\\infty"):
             values.append(element.lstrip("+"))

@@ -1,4 +1,9 @@
-"""Entry point behind examples/reasoning/main_grpo.py: config -> data -> Ray workers -> GRPO loop."""
+"""Entry point behind examples/reasoning/main_grpo.py: config -> data -> Ray workers -> GRPO loop.
+
+Bad input (recipe, data, model or checkpoint) ends with one line naming the file or key and the
+problem, and a distinct exit code (rlinf.runners.exit_codes). Everything the driver can check is
+checked before anything is written and before Ray starts, so a refused run leaves nothing behind.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from rlinf.config import DEFAULT_RECIPE, ConfigError, load_config, save_resolved_config
+from rlinf.config import DEFAULT_RECIPE, load_config, save_resolved_config
+from rlinf.runners import exit_codes
 from rlinf.workers.backends import BackendUnavailableError, check_backends
 
 logger = logging.getLogger("rlinf")
@@ -17,6 +23,9 @@ logger = logging.getLogger("rlinf")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="GRPO training for math reasoning. Overrides use Hydra syntax: algorithm.group_size=16",
+        epilog="exit codes: "
+        + ", ".join(f"{code} {name}" for code, name, _ in exit_codes.TABLE)
+        + " (docs/configuration.md, 'Exit codes')",
     )
     parser.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE, help="recipe name or YAML path")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -33,13 +42,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.recipe, args.overrides)
         check_backends(cfg)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
     except BackendUnavailableError as err:
         print(str(err), file=sys.stderr)
-        return 3
+        return exit_codes.BACKEND
+    except Exception as err:
+        return _report_input_error(err)
     return run(cfg)
+
+
+def _classify(err: BaseException) -> tuple[int, str] | None:
+    """(exit code, label) for bad user input; None for anything else (a bug keeps its traceback)."""
+    from rlinf.config.typed import ConfigError
+    from rlinf.data.records import DatasetError
+    from rlinf.models.loader import ModelLoadError
+    from rlinf.utils.checkpoint import CheckpointError
+
+    for error_type, code, label in (
+        (ConfigError, exit_codes.CONFIG, "config error"),
+        (DatasetError, exit_codes.DATA, "data error"),
+        (CheckpointError, exit_codes.CHECKPOINT, "checkpoint error"),
+        (ModelLoadError, exit_codes.MODEL, "model error"),
+    ):
+        if isinstance(err, error_type):
+            return code, label
+    return None
+
+
+def _report_input_error(err: Exception) -> int:
+    kind = _classify(err)
+    if kind is None:
+        raise err
+    code, label = kind
+    print(f"{label}: {err}", file=sys.stderr)
+    return code
 
 
 def with_resolved_model_paths(cfg, resolve):
@@ -57,9 +92,19 @@ def describe_failure(err: Exception, last_good: Path | None) -> str:
 
 
 def run(cfg) -> int:
+    """Train with a validated config; returns the exit code (bad input is reported, not raised)."""
+    try:
+        return _run(cfg)
+    except Exception as err:
+        return _report_input_error(err)
+
+
+def _run(cfg) -> int:
     from rlinf.config.validate import total_gpus
-    from rlinf.models.loader import load_tokenizer
+    from rlinf.data.loader import PromptLoader
+    from rlinf.models.loader import ModelLoadError, load_model_config, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
+    from rlinf.runners.checkpointing import find_resume_point
     from rlinf.runners.data_setup import build_datasets
     from rlinf.runners.grpo_runner import GRPORunner
     from rlinf.scheduler.cluster import init_ray, shutdown_ray
@@ -70,23 +115,36 @@ def run(cfg) -> int:
 
     # Built (or fetched from cache) here, so its progress bar shows in this console; the workers
     # then load the concrete directory.
-    cfg = with_resolved_model_paths(cfg, resolve_model_path)
-    model_path = cfg.actor.model.model_path
+    try:
+        cfg = with_resolved_model_paths(cfg, resolve_model_path)
+    except ValueError as err:  # an unknown tiny:// name
+        raise ModelLoadError(f"actor.model.model_path: {err}") from None
+    # Checks before anything is written or started: model, tokenizer, data, resume checkpoint.
+    for model_path in dict.fromkeys((cfg.actor.model.model_path, cfg.rollout.model.model_path)):
+        load_model_config(model_path)
+    tokenizer = load_tokenizer(
+        cfg.actor.model.model_path, trust_remote_code=cfg.actor.model.trust_remote_code
+    )
+    train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
+    probe = PromptLoader(
+        train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+    )
+    resuming = find_resume_point(cfg, probe) is not None
+
     log_path = Path(cfg.runner.logger.log_path)
     save_resolved_config(cfg, log_path)
-    tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
-    train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
     metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)
     owns_ray = init_ray(total_gpus(cfg))
     runner, roles = None, None
     try:
         roles = launch_roles(cfg)
         runner = GRPORunner(cfg, roles, train_set, val_set, metrics)
-        metrics.log(data_counters, step=0)
+        if not resuming:  # a resumed run's history already has them
+            metrics.log(data_counters, step=0)
         last = runner.run()
     except WorkerError as err:
         print(describe_failure(err, runner.checkpointer.last_saved if runner else None), file=sys.stderr)
-        return 1
+        return exit_codes.RUN_FAILED
     finally:
         metrics.close()
         if roles is not None:
@@ -97,4 +155,4 @@ def run(cfg) -> int:
         plot = plot_training_curves(metrics.history(), log_path / "training_curves.png")
         print(f"plot: {plot}")
     print(f"TensorBoard logs: {log_path}  (tensorboard --logdir {log_path.parent})\ncheckpoint: {last}")
-    return 0
+    return exit_codes.OK

@@ -10,6 +10,8 @@ from pathlib import Path
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
+TMP_PREFIX = ".tmp_step_"  # a save being written
+ASIDE_PREFIX = ".step_"  # the previous copy of a step being replaced (.step_<N> -> step_<N>)
 
 
 class CheckpointError(RuntimeError):
@@ -26,24 +28,39 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """`write(tmp_dir)` fills a temporary directory that is renamed into place only when complete,
-        so an interrupted save leaves the previous checkpoints untouched."""
+        so an interrupted save leaves the previous checkpoints untouched.
+
+        Replacing an existing step_<N> never leaves a moment without a complete copy: the old one is
+        renamed aside, the new one renamed in, and only then is the old one deleted. A crash between
+        the two renames leaves the old copy aside, and `checkpoints()` puts it back."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
-        tmp = self.root / f".tmp_step_{step}"
+        tmp = self.root / f"{TMP_PREFIX}{step}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         write(tmp)
         (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
-        if final.exists():  # re-saving the same step (e.g. signal right after a periodic save)
-            shutil.rmtree(final)
+        aside = self.root / f"{ASIDE_PREFIX}{step}"
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            final.rename(aside)
         tmp.rename(final)
+        shutil.rmtree(aside, ignore_errors=True)
         self._prune()
         return final
+
+    def _restore_set_aside(self) -> None:
+        """A save that crashed between its two renames left the previous complete copy aside."""
+        for aside in self.root.glob(f"{ASIDE_PREFIX}*"):
+            final = self.root / aside.name.removeprefix(".")
+            if not final.exists() and (aside / COMPLETE_MARKER).is_file():
+                aside.rename(final)
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
         if not self.root.is_dir():
             return []
+        self._restore_set_aside()
         found = []
         for child in self.root.iterdir():
             match = STEP_DIR.match(child.name)
@@ -58,7 +75,7 @@ class CheckpointManager:
     def _prune(self) -> None:
         for old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
-        for tmp in self.root.glob(".tmp_step_*"):
+        for tmp in self.root.glob(f"{TMP_PREFIX}*"):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -69,6 +86,43 @@ def check_complete(path: Path) -> None:
         raise CheckpointError(
             f"{path}: incomplete checkpoint (no {COMPLETE_MARKER} marker; the save was interrupted)"
         )
+
+
+def check_weight_files(directory: Path) -> None:
+    """Every *.safetensors file under `directory` has a readable header and all the bytes it
+    announces: a truncated or overwritten file is named before any worker starts loading it.
+    Reads only the headers (cheap even for a 16B checkpoint)."""
+    for file in sorted(Path(directory).rglob("*.safetensors")):
+        problem = _safetensors_problem(file)
+        if problem:
+            raise CheckpointError(f"{file}: corrupt weight file: {problem}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    # Format: 8-byte little-endian header length, JSON header, then the tensor bytes whose
+    # [begin, end) offsets (relative to the end of the header) the header lists.
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            return f"{size} bytes, shorter than the 8-byte header length"
+        header_len = int.from_bytes(prefix, "little")
+        if header_len > size - 8:
+            return f"header announces {header_len} bytes but the file has {size - 8} after the length"
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            return f"unreadable header: {err}"
+    if not isinstance(header, dict):
+        return "header is not a JSON object"
+    try:
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+    except (KeyError, TypeError, IndexError, ValueError):
+        return "a header entry has no valid data_offsets"
+    expected = 8 + header_len + max(ends, default=0)
+    if size < expected:
+        return f"truncated: {size} bytes, the header announces {expected}"
+    return None
 
 
 def load_hf_weights_into(model, directory: Path) -> None:

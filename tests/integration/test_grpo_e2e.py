@@ -61,6 +61,37 @@ def test_three_grpo_steps_write_metrics_plot_and_checkpoint(random_tiny_checkpoi
     # fp32 on CPU: rollout and actor logprobs agree to rounding
     assert max(e.value for e in events.Scalars("rollout/logprob_abs_diff")) <= 1e-4
 
+    # values, not just tags: read every step's row from the JSONL history
+    rows = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows if r["step"] > 0}
+    assert sorted(steps) == [1, 2, 3] and [r["step"] for r in rows if r["step"] > 0] == [1, 2, 3]
+    data = next(r for r in rows if "data/train_prompts" in r)
+    assert (data["data/train_prompts"], data["data/val_prompts"], data["data/train_filtered_prompts"]) == (
+        64,
+        8,
+        0,
+    )
+    for step, m in steps.items():
+        assert m["rollout/num_responses"] == 4 * 4, step  # rollout_batch_size x group_size
+        assert m["actor/skipped_steps"] == 0 and m["actor/early_stopped_minibatches"] == 0, step
+        assert m["reward/timeouts"] == 0, step
+        assert abs(m["advantages/mean"]) < 1e-6, step  # GRPO centres every group on its mean
+        # rewards are +5 for right and -5 for wrong, so the mean reward follows from the accuracy
+        assert m["rollout/reward_mean"] == pytest.approx(5.0 * (2 * m["rollout/accuracy"] - 1)), step
+        assert 0 < m["rollout/response_length_mean"] <= m["rollout/response_length_max"] <= 24, step
+        assert 0.0 <= m["rollout/truncated_fraction"] <= 1.0, step
+        assert m["rollout/num_response_tokens"] == pytest.approx(16 * m["rollout/response_length_mean"]), step
+        times = {k: v for k, v in m.items() if k.startswith("time/")}
+        assert len(times) >= 6 and all(v > 0 for v in times.values()), times
+        assert m["time/step"] >= sum(m[f"time/{p}"] for p in ("rollout", "reward", "logprobs", "train"))
+        assert m["throughput/tokens_per_s"] > 0
+        assert m["actor/lr"] > 0 and m["actor/grad_norm"] >= 0
+        if m["advantages/zero_std_fraction"] < 1:  # some group has a signal: the policy gets a gradient
+            assert m["actor/grad_norm"] > 0, step
+    for step in (2, 3):  # validation rows: greedy accuracy and sampled mean@2 <= pass@2
+        assert 0.0 <= steps[step]["val/accuracy"] <= 1.0
+        assert steps[step]["val/mean@2"] <= steps[step]["val/pass@2"]
+
     assert (logs / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (logs / "resolved_config.yaml").is_file()
     checkpoint = tmp_path / "results" / "it" / "checkpoints" / "step_3"

@@ -1,6 +1,7 @@
 """Validation on a known dataset: the runner's greedy accuracy equals an independent reference
 (transformers' own generate + the grader) on the same problems, read through the file loader."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,11 +60,34 @@ def test_runner_validation_matches_an_independent_reference(tmp_path, ray_sessio
     assert [item.solutions for item in val] == [p.record.solutions for p in val_problems]
     roles = launch_roles(cfg)
     try:
-        metrics = GRPORunner(cfg, roles, train, val, MetricLogger(tmp_path / "logs", ())).validate()
+        runner = GRPORunner(cfg, roles, train, val, MetricLogger(tmp_path / "logs", ()))
+        metrics = runner.validate()
+        # pass@4 and mean@4 recomputed from the sampled batch itself (same seed, one generate call)
+        sampled = roles.rollout.call_rank0(
+            "generate", list(val), 4, runner.sampling, runner._seed("validation")
+        )
+        scored = roles.reward.call_rank0("score", sampled)
+        by_problem: dict[int, list[bool]] = {}
+        for group, right in zip(scored.group_index.tolist(), scored.correct.tolist(), strict=True):
+            by_problem.setdefault(group, []).append(right)
+        assert len(by_problem) == 48 and all(len(v) == 4 for v in by_problem.values())
+        expected_pass = sum(any(v) for v in by_problem.values()) / 48
+        expected_mean = sum(sum(v) for v in by_problem.values()) / (48 * 4)
+        # data.val_batch_size=5: ten generate calls per pass, the same greedy accuracy
+        chunked_cfg = replace(cfg, data=replace(cfg.data, val_batch_size=5))
+        chunked = GRPORunner(chunked_cfg, roles, train, val, MetricLogger(tmp_path / "logs2", ()))
+        calls: list[int] = []
+        real_score = chunked._score
+        chunked._score = lambda items, *rest: calls.append(len(items)) or real_score(items, *rest)
+        chunked_metrics = chunked.validate()
     finally:
         roles.shutdown()
+    assert metrics["val/pass@4"] == pytest.approx(expected_pass)
+    assert metrics["val/mean@4"] == pytest.approx(expected_mean)
+    assert calls == [5] * 9 + [3] + [5] * 9 + [3]  # greedy pass, then the sampled pass
+    assert chunked_metrics["val/accuracy"] == pytest.approx(metrics["val/accuracy"], abs=1.5 / 48)
 
     reference = _reference_greedy_accuracy(checkpoint, val_problems)
     assert 0.15 <= reference <= 0.6  # the warm-started model is partly right: a meaningful comparison
     assert metrics["val/accuracy"] == pytest.approx(reference, abs=1.5 / len(val_problems))
-    assert 0.0 < metrics["val/mean@4"] <= metrics["val/pass@4"] <= 1.0
+    assert 0.0 < metrics["val/mean@4"] < metrics["val/pass@4"] <= 1.0

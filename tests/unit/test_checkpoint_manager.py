@@ -58,3 +58,55 @@ def test_corrupt_weight_file_is_named(tmp_path):
         load_hf_weights_into(torch.nn.Linear(2, 2), tmp_path)
     with pytest.raises(CheckpointError, match="no \\*.safetensors"):
         load_hf_weights_into(torch.nn.Linear(2, 2), tmp_path / "empty")
+
+
+def test_replacing_a_step_keeps_a_complete_copy_at_every_moment(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path, keep=2)
+    manager.save(1, _write_file("state.txt", "first"))
+
+    def write_while_checking(directory: Path) -> None:
+        check_complete(tmp_path / "step_1")  # the old copy is untouched while the new one is written
+        (directory / "state.txt").write_text("second")
+
+    manager.save(1, write_while_checking)
+    assert (tmp_path / "step_1" / "state.txt").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
+
+    # A crash between "old aside" and "new in": the old copy must survive and come back.
+    real_rename = Path.rename
+
+    def crash_on_moving_the_new_copy_in(self, target):
+        if self.name.startswith(".tmp_step_"):
+            raise KeyboardInterrupt("killed between the two renames")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", crash_on_moving_the_new_copy_in)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(1, _write_file("state.txt", "third"))
+    monkeypatch.undo()
+    restarted = CheckpointManager(tmp_path, keep=2)
+    assert restarted.latest() == tmp_path / "step_1"
+    assert (tmp_path / "step_1" / "state.txt").read_text() == "second"
+    check_complete(tmp_path / "step_1")
+
+
+def test_truncated_or_garbled_safetensors_are_named_before_loading(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from rlinf.utils.checkpoint import check_weight_files
+
+    (tmp_path / "model").mkdir()
+    good = tmp_path / "model" / "model.safetensors"
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(good))
+    check_weight_files(tmp_path)  # intact: no error
+    data = good.read_bytes()
+    good.write_bytes(data[:-10])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: corrupt weight file: truncated"):
+        check_weight_files(tmp_path)
+    good.write_bytes(b"\xff" * 8 + data[8:])
+    with pytest.raises(CheckpointError, match="header announces"):
+        check_weight_files(tmp_path)
+    good.write_bytes(data[:8] + b"{not json" + data[17:])
+    with pytest.raises(CheckpointError, match="unreadable header"):
+        check_weight_files(tmp_path)

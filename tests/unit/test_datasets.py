@@ -104,7 +104,10 @@ def test_a_prompt_exactly_at_the_limit_is_kept() -> None:
 
 def test_all_prompts_too_long_is_an_error() -> None:
     record = MathRecord("Compute 1 + 2 + 3.", ("6",), "a.jsonl:1")
-    with pytest.raises(DatasetError, match="all 1 prompts are longer than max_prompt_length=3"):
+    with pytest.raises(
+        DatasetError,
+        match=r"data: all 1 prompts are longer than data.max_prompt_length=3 tokens \(the shortest has 7\)",
+    ):
         build_prompt_dataset([record], make_tokenizer(), apply_chat_template=False, max_prompt_length=3)
 
 

@@ -61,3 +61,21 @@ def test_pass_at_k():
     mean_k, pass_k = pass_at_k(correct, groups)
     assert mean_k == 0.5
     assert abs(pass_k - 2 / 3) < 1e-7
+
+
+def test_validation_chunks_merge_without_group_collisions():
+    from types import SimpleNamespace
+
+    from rlinf.runners.step_metrics import merged_scores
+
+    # Two generate calls (data.val_batch_size=2), each numbering its groups from 0.
+    first = SimpleNamespace(
+        correct=torch.tensor([True, False, False, False]), group_index=torch.tensor([0, 0, 1, 1])
+    )
+    second = SimpleNamespace(
+        correct=torch.tensor([False, False, False, True]), group_index=torch.tensor([0, 0, 1, 1])
+    )
+    correct, groups = merged_scores([first, second])
+    assert groups.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    mean_k, pass_k = pass_at_k(correct, groups)
+    assert (mean_k, pass_k) == (0.25, 0.5)  # colliding ids would have given pass@2 = 1.0

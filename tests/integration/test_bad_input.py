@@ -1,0 +1,210 @@
+"""Bad input ends cleanly: main_grpo.py as a new user runs it, with a recipe, data, model or checkpoint
+that cannot work. Each gives one line naming the file and the problem, its own exit code
+(rlinf.runners.exit_codes), no traceback, nothing written, and no Ray started."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf.runners import exit_codes
+from rlinf.runners.main import run
+from tests.integration.conftest import small_config, small_run_overrides
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BOBA = REPO / "tests" / "fixtures" / "gsm8k_like_boba.jsonl"  # 12 GSM8K-style problems, 318-432 chars
+BOBA_DATA = ["data.type=math", f"data.train_data_paths=[{BOBA}]", f"data.val_data_paths=[{BOBA}]"]
+
+
+def main_grpo(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def assert_refused(proc: subprocess.CompletedProcess, code: int, label: str, *fragments: str) -> str:
+    """Exit `code`, exactly one `label:` line holding every fragment, no traceback, Ray never started."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert "Traceback" not in output, output
+    assert "Started a local Ray instance" not in output, output
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(f"{label}:")]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_new_users_boba_file_with_too_long_prompts_gives_one_line(tmp_path):
+    proc = main_grpo(tmp_path, *BOBA_DATA)  # the tiny recipe's max_prompt_length: 64
+    line = assert_refused(
+        proc,
+        exit_codes.DATA,
+        "data error",
+        f"data.train_data_paths ({BOBA})",
+        "all 12 prompts are longer than data.max_prompt_length=64 tokens",
+        "raise data.max_prompt_length",
+    )
+    assert "the shortest has" in line
+    # The character tokenizer of the tiny model cannot read most prose: said once per split, with examples.
+    assert "are text the tokenizer does not know and became <|unk|> (e.g. 'A'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no logs, no results, no resolved config
+
+
+def test_a_new_users_boba_file_runs_with_enough_prompt_length(tmp_path):
+    proc = main_grpo(
+        tmp_path,
+        *BOBA_DATA,
+        "data.max_prompt_length=512",
+        "actor.seq_length=576",
+        "runner.max_steps=2",
+        "data.rollout_batch_size=4",
+        "algorithm.group_size=4",
+        "actor.global_batch_size=16",
+        "actor.micro_batch_size=8",
+        timeout=480,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == exit_codes.OK, output
+    assert "step 2/2" in proc.stdout and "Traceback" not in output
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "logs" / "tiny-moe-grpo-cpu" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows if r["step"] > 0] == [1, 2]
+    assert {r.get("data/train_prompts") for r in rows if r["step"] == 0} >= {12.0}
+    assert (tmp_path / "results" / "tiny-moe-grpo-cpu" / "checkpoints" / "step_2" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "label", "fragment"),
+    [
+        (
+            [
+                "data.type=math",
+                "data.train_data_paths=[missing.jsonl]",
+                "data.val_data_paths=[missing.jsonl]",
+            ],
+            exit_codes.DATA,
+            "data error",
+            "data file not found: missing.jsonl",
+        ),
+        (
+            ["actor.model.model_path=/no/such/model"],
+            exit_codes.MODEL,
+            "model error",
+            "model directory /no/such/model does not exist",
+        ),
+        (
+            ["actor.model.model_path=tiny://nope"],
+            exit_codes.MODEL,
+            "model error",
+            "unknown tiny model 'tiny://nope'",
+        ),
+        (
+            ["data.synthetic.num_train=8"],
+            exit_codes.DATA,
+            "data error",
+            "data.synthetic (train): 8 usable training prompt(s), fewer than data.rollout_batch_size=16",
+        ),
+        (["algorithm.grup_size=3"], exit_codes.CONFIG, "config error", "unknown key 'algorithm.grup_size'"),
+        (
+            ["rollout.gpu_memory_utilization=0.9"],
+            exit_codes.CONFIG,
+            "config error",
+            "honoured only by: rollout.rollout_backend=sglang",
+        ),
+    ],
+    ids=[
+        "missing-data-file",
+        "missing-model",
+        "unknown-tiny-model",
+        "too-few-prompts",
+        "unknown-key",
+        "ignored-key",
+    ],
+)
+def test_bad_recipe_data_or_model(tmp_path, overrides, code, label, fragment):
+    assert_refused(main_grpo(tmp_path, *overrides), code, label, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def saved_run(random_tiny_checkpoint, tmp_path_factory, ray_session) -> Path:
+    """A finished one-step run; each test gets a copy of its output folder to spoil."""
+    out = tmp_path_factory.mktemp("saved_run")
+    assert run(small_config(random_tiny_checkpoint, out, **{"runner.max_steps": 1})) == 0
+    return out
+
+
+def _copy(saved_run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(saved_run, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "results" / "it" / "checkpoints" / "step_1"
+
+
+def _truncate_weights(checkpoint: Path) -> Path:
+    weights = checkpoint / "actor" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return weights
+
+
+def _drop_complete_marker(checkpoint: Path) -> Path:
+    (checkpoint / "COMPLETE").unlink()
+    return checkpoint
+
+
+def _other_data_size(checkpoint: Path) -> Path:
+    state_file = checkpoint / "runner_state.json"
+    state = json.loads(state_file.read_text())
+    state["data"]["size"] = 999
+    state_file.write_text(json.dumps(state))
+    return state_file
+
+
+@pytest.mark.parametrize(
+    ("spoil", "extra", "fragment"),
+    [
+        (_truncate_weights, {}, "corrupt weight file: truncated"),
+        (
+            _drop_complete_marker,
+            {"runner.resume_dir": "{checkpoint}"},
+            "incomplete checkpoint (no COMPLETE marker",
+        ),
+        (_other_data_size, {}, "999 items in the dataset but it now has 64"),
+        (
+            lambda c: c / "resolved_config.yaml",
+            {"algorithm.group_size": 2, "actor.global_batch_size": 8},
+            "incompatible checkpoint: algorithm.group_size was 4, this run has 2",
+        ),
+        (
+            lambda c: c.parent / "step_7",
+            {"runner.resume_dir": "{root}/step_7"},
+            "checkpoint directory does not exist",
+        ),
+    ],
+    ids=["truncated-weights", "incomplete", "data-changed", "incompatible", "missing"],
+)
+def test_bad_checkpoint_on_resume(saved_run, random_tiny_checkpoint, tmp_path, spoil, extra, fragment):
+    checkpoint = _copy(saved_run, tmp_path)
+    named = spoil(checkpoint)
+    extra = {k: str(v).format(checkpoint=checkpoint, root=checkpoint.parent) for k, v in extra.items()}
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    history = (tmp_path / "logs" / "metrics.jsonl").read_text()
+    overrides = small_run_overrides(
+        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 2, "runner.resume_dir": "auto", **extra}
+    )
+    line = assert_refused(
+        main_grpo(tmp_path, *overrides), exit_codes.CHECKPOINT, "checkpoint error", fragment
+    )
+    assert str(named) in line
+    # nothing half-written: the same files, the metrics history untouched
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "logs" / "metrics.jsonl").read_text() == history
