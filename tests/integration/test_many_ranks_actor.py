@@ -118,3 +118,40 @@ def test_early_stop_is_decided_from_the_global_ratio(
         assert 1.5 < metrics["actor/ratio_mean"] < 2.0  # the premise: the global ratio sits between
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0), "the replicas took different branches"
     assert all(torch.equal(rank0[k], before[k]) for k in rank0) == stops
+
+
+def test_a_run_with_two_actor_workers_trains_checkpoints_and_resumes(
+    random_tiny_checkpoint, tmp_path, ray_session
+):
+    import json
+
+    from rlinf.runners.main import run
+
+    common = {"actor.num_workers": 2, "runner.val_check_interval": 0, "runner.save_interval": 1}
+    assert run(small_config(random_tiny_checkpoint, tmp_path, **{**common, "runner.max_steps": 1})) == 0
+    resumed = {**common, "runner.max_steps": 2, "runner.resume_dir": "auto"}
+    assert run(small_config(random_tiny_checkpoint, tmp_path, **resumed)) == 0
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "actor/lr" in r]
+    assert steps == [1, 2]
+    assert (tmp_path / "results" / "it" / "checkpoints" / "step_2" / "actor" / "actor_state.pt").is_file()
+
+
+def test_every_rank_restores_a_data_parallel_checkpoint(random_tiny_checkpoint, tmp_path, ray_session):
+    cfg = small_config(random_tiny_checkpoint, tmp_path, **{**OVERRIDES, "actor.num_workers": 2})
+    batch = scored_batch(cfg)
+    trained = WorkerGroup("actor", ACTOR_BACKENDS["torch"], (cfg,), num_workers=2, distributed=True)
+    try:
+        actor = ActorGroup(trained)
+        actor.train(actor.compute_logprobs(batch), step=1)
+        actor.save(str(tmp_path / "ckpt"))
+        saved = trained.call_rank0("named_weights")
+    finally:
+        trained.kill()
+    fresh = WorkerGroup("actor", ACTOR_BACKENDS["torch"], (cfg,), num_workers=2, distributed=True)
+    try:
+        ActorGroup(fresh).load(str(tmp_path / "ckpt"))
+        for weights in fresh.call("named_weights"):
+            assert all(torch.equal(weights[k], saved[k]) for k in saved)
+    finally:
+        fresh.kill()
