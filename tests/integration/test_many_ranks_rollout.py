@@ -1,0 +1,44 @@
+"""The rollout facade drives several engines, each on its share of the prompts."""
+
+import pytest
+import torch
+
+from rlinf.models.loader import load_tokenizer
+from rlinf.runners.data_setup import build_datasets
+from rlinf.scheduler.facades import RolloutGroup, engine_seed
+from rlinf.scheduler.worker_group import WorkerGroup
+from rlinf.workers.backends import ROLLOUT_BACKENDS
+from rlinf.workers.rollout.sampling import SamplingParams
+from rlinf.workers.rollout.torch_rollout import TorchRollout
+from tests.integration.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def responses(batch) -> list[tuple[int, ...]]:
+    return [
+        tuple(ids[mask].tolist()) for ids, mask in zip(batch.response_ids, batch.response_mask, strict=True)
+    ]
+
+
+def test_two_engines_split_the_prompts_and_their_groups_never_collide(
+    random_tiny_checkpoint, tmp_path, ray_session
+):
+    cfg = small_config(random_tiny_checkpoint, tmp_path)
+    train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
+    prompts, params = list(train)[:5], SamplingParams.from_config(cfg.algorithm.sampling_params)
+    group = WorkerGroup("rollout", ROLLOUT_BACKENDS["torch"], (cfg,), num_workers=2)
+    try:
+        merged = RolloutGroup(group).generate(prompts, 2, params, seed=5)
+    finally:
+        group.kill()
+    # engine 0 took prompts 0-1 with the step's seed, engine 1 prompts 2-4 with its own seed
+    local = TorchRollout(cfg)
+    first, second = (
+        local.generate(prompts[:2], 2, params, 5),
+        local.generate(prompts[2:], 2, params, engine_seed(5, 1)),
+    )
+    assert responses(merged) == responses(first) + responses(second)
+    assert merged.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert merged.solutions == [item.solutions for item in prompts for _ in range(2)]
+    assert torch.equal(merged.rollout_logprobs[:4, : first.rollout_logprobs.shape[1]], first.rollout_logprobs)
