@@ -65,7 +65,7 @@ def test_moonlight_recipe_fields():
         ("actor.micro_batch_size=24", "not divisible by actor.micro_batch_size (24)"),
         ("actor.seq_length=100", "actor.seq_length: 100 < data.max_prompt_length"),
         ("algorithm.group_size=1", "algorithm.group_size: 1 < 2"),
-        ("cluster.num_gpus_per_node=2", "torch actor runs on one device but 2 GPUs are placed"),
+        ("cluster.num_gpus_per_node=2", "the torch actor runs on one device but 2 GPUs are placed"),
         (
             "runner.logger.logger_backends=[wandb]",
             "runner.logger.logger_backends: 'wandb' is not one of tensorboard",

@@ -71,7 +71,7 @@ CASES = [
         "check_placement",
         TINY,
         ["cluster.num_gpus_per_node=2"],
-        "the torch actor runs one worker per GPU but 2 GPUs",
+        "the torch actor runs on one device but 2 GPUs are placed",
     ),
     (
         "check_placement",
