@@ -8,16 +8,12 @@ random GPU-tiny built here. Run: bash tests/gpu/run_megatron_checks.sh
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from grpo_run import run_tiny_grpo
 from test_megatron_actor import record
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 
 
@@ -25,31 +21,20 @@ def test_grpo_steps_with_the_megatron_actor(megatron_installed, request, tmp_pat
     if importlib.util.find_spec("ray") is None:
         pytest.skip("needs ray (carry .wray on the device)")
     model = os.environ.get("RLINF_GPU_TINY") or str(request.getfixturevalue("gpu_tiny"))
-    log_dir = tmp_path / "logs"
-    overrides = [
-        "cluster.num_gpus_per_node=1",
-        "actor.training_backend=megatron",
-        "actor.num_threads=null",
-        f"actor.model.model_path={model}",
-        "actor.model.precision=bf16",
-        "rollout.model.precision=bf16",
-        f"runner.max_steps={STEPS}",
-        "runner.val_check_interval=0",
-        "runner.save_interval=0",
-        f"runner.output_dir={tmp_path / 'results'}",
-        f"runner.logger.log_path={log_dir}",
-        "runner.logger.plot=false",
-    ]
-    cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *overrides]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
-    tail = (done.stdout + done.stderr)[-5000:]
-    assert done.returncode == 0, tail
-    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r.get("step", 0) >= 1 and "actor/loss" in r]
-    assert len(steps) == STEPS, tail
-    assert list(log_dir.glob("events.out.tfevents.*")), "no TensorBoard event file"
-    for key in ("rollout/reward_mean", "rollout/logprob_abs_diff", "actor/grad_norm"):
-        assert all(key in r for r in steps), f"{key} missing: {sorted(steps[0])}"
+    steps = run_tiny_grpo(
+        tmp_path,
+        [
+            "actor.training_backend=megatron",
+            "actor.num_threads=null",
+            f"actor.model.model_path={model}",
+            "actor.model.precision=bf16",
+            "rollout.model.precision=bf16",
+        ],
+        steps=STEPS,
+        step_key="actor/loss",
+        required=("rollout/reward_mean", "rollout/logprob_abs_diff", "actor/grad_norm"),
+        timeout=400,
+    )
     record(
         "GRPO through the runner: megatron actor (bf16) + torch rollout (bf16), one H200",
         steps=len(steps),
