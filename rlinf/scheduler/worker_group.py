@@ -1,10 +1,10 @@
 """Worker groups: a role's Ray actors, created from a dotted class path, called together.
 
 A group of N ranks starts in two rounds. First every Ray actor starts empty and rank 0 reports
-its node's IP and a free port. Then every rank, concurrently, sets the torch.distributed
-environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
-`MASTER_PORT`) and, for a `distributed` group, joins one process group (NCCL when the rank sees
-a GPU, gloo otherwise) before it constructs the backend. A backend class that initialises the
+its node's IP and a free port. Then every rank, concurrently, constructs its backend; in a
+`distributed` group (the actor) it first sets the torch.distributed environment (`RANK`,
+`WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and joins one
+process group (NCCL when the rank sees a GPU, gloo otherwise). A backend class that initialises the
 process group itself (Megatron: `torch.distributed.init_process_group(backend="nccl")` from these
 variables, then `initialize_model_parallel`) sets the class attribute `INITS_PROCESS_GROUP = True`;
 the environment is set for it all the same.
@@ -154,7 +154,9 @@ class WorkerGroup:
                     target,
                     rank,
                     num_workers,
-                    _dist_env(rank, node_ips, master_addr, master_port),
+                    # Only a distributed group gets the variables: an SGLang engine starts its own
+                    # process group and must not see RANK / WORLD_SIZE of the rollout group.
+                    _dist_env(rank, node_ips, master_addr, master_port) if distributed else {},
                     distributed,
                     tuple(args),
                 )
