@@ -74,9 +74,6 @@ TORCH_ROLLOUT_MODULE = "rlinf.workers.rollout.torch_rollout"
 SGLANG_ROLLOUT_MODULE = "rlinf.workers.rollout.sglang_rollout"
 SGLANG_ARGS = "rlinf.workers.rollout.sglang_args"  # recipe -> sglang.Engine keyword arguments
 
-SGLANG_HELPER = "issue 10 (SGLang rollout helper)"
-MANY_RANKS_HELPER = "many-ranks helper (colocated memory order in the runner)"
-
 
 def _actor(megatron_module: str = MEGATRON_SETTINGS) -> tuple[Reader, ...]:
     """A trainer setting both actors must honour."""

@@ -4,8 +4,8 @@
   the rollout fetches them from the actor's node, never through the driver.
 - CUDA IPC (colocated SGLang): each bucket is flattened into one GPU buffer on the actor, its IPC
   handle goes to the engine (`update_weights_from_tensor`, flattened_bucket); the actor keeps every
-  buffer until the engines have flushed. Released engine weights are resumed first, the KV cache
-  after the push.
+  buffer until the engines have flushed. Released engine weights are resumed first; the KV cache
+  comes back only after the actor has offloaded (the runner's order, rlinf/runners/colocation.py).
 - NCCL (disaggregated SGLang): a weight-update group (actor rank 0 + every engine GPU) is built once,
   then each bucket is broadcast while the engines receive it (`update_weights_from_distributed`).
 
@@ -71,7 +71,6 @@ def sync_cuda_ipc(roles, bucket_bytes: int) -> None:
         rollout.call("flush_cache")
     finally:
         actor.call("weight_export", "end")  # only now may the actor reuse the buffers
-    rollout.call("wake", ["kv_cache", "cuda_graph"])
 
 
 def sync_nccl(roles, bucket_bytes: int) -> None:

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.workers.actor.policy_update import DPInfo
 
@@ -18,6 +19,15 @@ WeightBucket = list[tuple[str, torch.Tensor]]
 
 
 class ActorWorker(ABC):
+    cfg: Config
+
+    @property
+    def temperature(self) -> float:
+        """What recomputed logits are divided by: the rollout's sampling temperature (1 when greedy),
+        so actor and rollout report the same tempered logprob (docs/rollout.md)."""
+        t = self.cfg.algorithm.sampling_params.temperature
+        return t if t > 0 else 1.0
+
     @abstractmethod
     def dp_info(self) -> DPInfo:
         """This rank's data-parallel rank and size, and whether it reports for its DP group."""

@@ -171,11 +171,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
 
     # --- forward -----------------------------------------------------------------------------------
 
-    @property
-    def temperature(self) -> float:
-        t = self.cfg.algorithm.sampling_params.temperature
-        return t if t > 0 else 1.0
-
     def dp_info(self) -> DPInfo:
         return self.dp
 

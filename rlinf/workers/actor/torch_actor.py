@@ -104,11 +104,6 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
     def total_skips(self) -> int:
         return self.skips.total
 
-    @property
-    def temperature(self) -> float:
-        t = self.cfg.algorithm.sampling_params.temperature
-        return t if t > 0 else 1.0
-
     def dp_info(self) -> DPInfo:
         return self.dp
 
