@@ -25,7 +25,16 @@ def _import_bridge() -> str:
     note = ""
     if te_placeholder is not None and te_placeholder.install():
         note = " (Transformer Engine not installed: rlinf's placeholder stands in)"
-    return _version("megatron.bridge") + note
+    try:
+        return _version("megatron.bridge") + note
+    except ImportError as exc:
+        if "from 'transformers'" not in str(exc):
+            raise
+        # megatron-bridge 0.6.2 imports transformers.models.exaone4_5, new in transformers 5.8.
+        raise ImportError(
+            f"{exc}; megatron-bridge 0.6.2 needs transformers >= 5.8 (installed {_version('transformers')}): "
+            "re-run install.sh agentic with --transformers 5.12.1 (docs/install.md)"
+        ) from None
 
 
 def main() -> int:
