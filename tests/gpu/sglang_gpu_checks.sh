@@ -34,7 +34,7 @@ case "${1:-}" in
     source /tmp/site/env.sh
     use_pytest
     timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
-      tests/gpu/test_sglang_engine.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
+      tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     ;;
   loop)
     source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1

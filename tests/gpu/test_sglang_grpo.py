@@ -12,7 +12,7 @@ import os
 
 import pytest
 from grpo_run import run_tiny_grpo
-from test_sglang_engine import record
+from test_sglang_engine_gpu import record
 
 STEPS = 4
 

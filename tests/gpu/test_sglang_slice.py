@@ -4,7 +4,7 @@ sampled-token logprobs equal the HF actor's recompute in bf16, with the fp32 ref
 from __future__ import annotations
 
 import torch
-from test_sglang_engine import gpu_engine_kwargs, record
+from test_sglang_engine_gpu import gpu_engine_kwargs, record
 
 from rlinf.models.logprobs import response_logprobs
 from rlinf.workers.rollout.sampling import SamplingParams
