@@ -43,13 +43,8 @@ def sync_weights(roles, bucket_mb: int) -> str:
 def strategy_for(roles) -> str:
     rollout = roles.rollout
     if rollout not in _chosen:
-        # A rollout that takes GPU transfers says so (`weight_sync_info`); the embedded one does not.
-        info = (
-            rollout.call_rank0("weight_sync_info")
-            if "weight_sync_info" in rollout.call_rank0("__dir__")
-            else {}
-        )
-        _chosen[rollout] = choose_strategy(info.get("methods", (OBJECT_STORE,)), roles.colocated)
+        info = rollout.call_rank0("weight_sync_info")
+        _chosen[rollout] = choose_strategy(info["methods"], roles.colocated)
     return _chosen[rollout]
 
 

@@ -20,6 +20,7 @@ from rlinf.weight_sync.plan import (
     nccl_group_plan,
     unflatten_bucket,
 )
+from rlinf.workers.rollout.base import RolloutWorker
 
 SGLANG_TAKES = (CUDA_IPC, NCCL, OBJECT_STORE)
 
@@ -140,8 +141,6 @@ class FakeRoles:
             }.get(args[0])
 
         def rollout_answer(rank, method, args):
-            if method == "__dir__":
-                return ["generate", "weight_sync_info"] if takes else ["generate"]
             if method == "weight_sync_info":
                 return {"methods": takes, "tp_size": tp}
             return None
@@ -151,7 +150,7 @@ class FakeRoles:
 
     def steps(self):
         """The calls in the order they were made, without waits and the one-off strategy discovery."""
-        return [e for e in self.log if e[2] not in ("__dir__", "weight_sync_info") and ":" not in e[2]]
+        return [e for e in self.log if e[2] != "weight_sync_info" and ":" not in e[2]]
 
 
 def test_colocated_sglang_sync_order():
@@ -203,7 +202,9 @@ def test_disaggregated_sglang_sync_order_joins_the_group_once():
 
 
 def test_embedded_rollout_uses_the_object_store():
-    roles = FakeRoles(colocated=True, takes=())
+    # what RolloutWorker.weight_sync_info reports for a backend that does not override it
+    embedded_takes = RolloutWorker.weight_sync_info(None)["methods"]  # type: ignore[arg-type]
+    roles = FakeRoles(colocated=True, takes=embedded_takes)
     assert ws.sync_weights(roles, bucket_mb=2) == OBJECT_STORE
     (export, update) = roles.steps()
     assert export == ("actor", 0, "export_weights", (2 * 1024 * 1024,))

@@ -9,6 +9,7 @@ import torch
 
 from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
+from rlinf.weight_sync.plan import OBJECT_STORE
 from rlinf.workers.rollout.sampling import SamplingParams
 
 WeightBucket = list[tuple[str, torch.Tensor]]
@@ -24,6 +25,10 @@ class RolloutWorker(ABC):
     @abstractmethod
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         """Load the actor's weights (HF names) into the engine."""
+
+    def weight_sync_info(self) -> dict:
+        """How this rollout takes weights (rlinf.weight_sync.plan strategies); embedded: the object store."""
+        return {"methods": (OBJECT_STORE,)}
 
     @abstractmethod
     def sleep(self) -> None:
