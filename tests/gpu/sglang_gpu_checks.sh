@@ -5,6 +5,8 @@
 #   1. carry [".whl", ".h10-pytest"]:                   bash tests/gpu/sglang_gpu_checks.sh engine
 #      installs sglang, then: signatures, GPU-tiny logprobs / IPC weight update / memory hand-over /
 #      min_new_tokens, Moonlight-slice logprobs
+#      (engine+bench: the same, then benchmarks/rollout_decode.py with SGLang, the torch rollout and
+#      transformers' generate on the slice the tests built, batches 64/256 x 512 new tokens)
 #   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop
 #      the GRPO loop colocated on one GPU (Ray + SGLang rollout + torch actor), 4 steps
 #
@@ -29,12 +31,18 @@ use_pytest() {
 }
 
 case "${1:-}" in
-  engine)
+  engine|engine+bench)
     bash .whl/tools/install.sh >/dev/null || exit 1
     source /tmp/site/env.sh
     use_pytest
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
+    budget=560
+    [ "$1" = engine+bench ] && budget=330
+    timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
+    if [ "$1" = engine+bench ]; then
+      timeout 240 python3 benchmarks/rollout_decode.py --backends sglang,torch,generate --batches 64,256 \
+        --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
+    fi
     ;;
   loop)
     source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1

@@ -27,6 +27,57 @@ class HangingEngine:
         await asyncio.sleep(3600)
 
 
+class ReplyingEngine:
+    """Replies arrive only through the tokenizer manager's response task, which, as in sglang
+    0.5.12, lands on the *running* loop or, outside one, on a new loop it creates."""
+
+    def __init__(self, **kwargs):
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.replies: asyncio.Queue | None = None
+        engine = self
+
+        class TokenizerManager:
+            event_loop = None
+
+            def auto_create_handle_loop(self):
+                if self.event_loop is not None:
+                    return
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    loop = asyncio.new_event_loop()
+                    asyncio.set_event_loop(loop)
+                engine.replies = asyncio.Queue()
+                loop.create_task(engine.replies.put({"output_ids": [7]}))
+                self.event_loop = loop
+
+        self.tokenizer_manager = TokenizerManager()
+
+    async def async_generate(self, **kwargs):
+        self.tokenizer_manager.auto_create_handle_loop()
+        return [await self.replies.get()]
+
+
+def hung(signum, frame):
+    raise TimeoutError("generate waited 5 s for a reply that never came")
+
+
+def test_generate_gets_the_reply_of_the_engines_own_loop(monkeypatch):
+    """Seen on the H200: the response task started outside the engine's loop never ran."""
+    monkeypatch.setattr(se, "import_sglang", lambda: ReplyingEngine)
+    engine = se.SGLangEngine({}, where="rollout engine (rank 0 of 1, GPUs [0])")
+    try:
+        assert engine.engine.tokenizer_manager.event_loop is engine.engine.loop
+        signal.signal(signal.SIGALRM, hung)
+        signal.alarm(5)
+        assert engine.generate([[1, 2]], [{}]) == [{"output_ids": [7]}]
+    finally:
+        signal.alarm(0)
+        engine.engine.loop.remove_signal_handler(signal.SIGQUIT)
+        engine.engine.loop.close()
+
+
 def test_start_failure_names_the_engine_and_keeps_sglangs_message(monkeypatch):
     monkeypatch.setattr(se, "import_sglang", lambda: FailingEngine)
     monkeypatch.setattr(

@@ -111,7 +111,14 @@ class SGLangEngine:
     def _watch_children(self) -> None:
         """Replace the tokenizer manager's running-phase SIGQUIT handler (kill the tree) by ours."""
         loop = self.engine.loop
-        self.engine.tokenizer_manager.auto_create_handle_loop()  # installs SGLang's handler first
+
+        async def start_handle_loop() -> None:
+            # Inside the engine's running loop: SGLang's get_or_create_event_loop() asks for the
+            # *running* loop, so called from here it would make a new loop, put the response task
+            # there, and every generate would wait forever (seen on the H200).
+            self.engine.tokenizer_manager.auto_create_handle_loop()  # installs SGLang's handler first
+
+        loop.run_until_complete(start_handle_loop())
         self._died = loop.create_future()
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
             loop.remove_signal_handler(signal.SIGQUIT)
