@@ -24,6 +24,7 @@ class WeightExporter:
         self._buckets = buckets  # bucket_bytes -> iterator of HF-named GPU tensors (views)
         self._plan: list[list[tuple[str, torch.Tensor]]] = []
         self._kept: list[torch.Tensor] = []  # flattened copies engines may still read
+        self._payloads: dict[int, bytes] = {}  # serialized IPC payload per bucket index
         self._group = None
 
     # -- every strategy -------------------------------------------------------------------------
@@ -35,7 +36,7 @@ class WeightExporter:
 
     def end(self) -> None:
         """Drop the plan and the kept GPU copies (every engine has loaded and flushed)."""
-        self._plan, self._kept = [], []
+        self._plan, self._kept, self._payloads = [], [], {}
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -48,7 +49,12 @@ class WeightExporter:
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
         monkey_patch_torch_reductions()
+        if index in self._payloads:
+            return self._payloads[index]
         flat, meta = flatten_bucket(self._plan[index])
+        # The flat copy is what engines read; drop the plan's tensors (a Megatron export's are
+        # gathered copies, not views), so a sync holds one copy of the weights, not two.
+        self._plan[index] = []
         self._kept.append(flat)
         metadata = [
             FlattenedTensorMetadata(
@@ -61,7 +67,10 @@ class WeightExporter:
             )
             for t in meta.tensors
         ]
-        return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})
+        self._payloads[index] = MultiprocessingSerializer.serialize(
+            {"flattened_tensor": flat, "metadata": metadata}
+        )
+        return self._payloads[index]
 
     # -- NCCL (disaggregated SGLang) ----------------------------------------------------------
     @staticmethod

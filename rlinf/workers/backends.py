@@ -26,8 +26,6 @@ INSTALL_HINT = (
     "install the GPU stack with: bash requirements/install.sh agentic --sglang 0.5.12 --torch 2.11.0 "
     "--transformers 5.12.1 --platform nvidia --venv /opt/venv/rlinf (see docs/install.md)"
 )
-# Backends whose worker code arrives with the GPU issues; named here so the message is honest.
-NOT_YET_AVAILABLE = {("rollout", "sglang")}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -44,8 +42,6 @@ def missing_backend_packages(cfg: Config) -> list[str]:
                 problems.append(
                     f"{role}.{key}={backend} needs the Python package '{package}' ({module}), not installed"
                 )
-        if not problems and (role, backend) in NOT_YET_AVAILABLE:
-            problems.append(f"{role}.{key}={backend}: this release does not ship that backend yet")
     return problems
 
 

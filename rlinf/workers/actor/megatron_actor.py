@@ -107,6 +107,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         self.optimizer_steps = 0
         self.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
         self._conversion_tasks = None
+        self._weight_exporter = None
         self.offloaded = False
 
     # --- construction ------------------------------------------------------------------------------
@@ -332,6 +333,20 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         if current:
             buckets.append(current)
         return buckets
+
+    def weight_export(self, verb: str, *args):
+        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang; rlinf.weight_sync.exporter). `begin` is
+        collective: Megatron-Bridge gathers every full HF tensor onto each rank's GPU, so each rank
+        holds the plan and its IPC handles point at a copy on its own GPU (handles_for_engine gives
+        an engine's TP rank the one on its GPU)."""
+        from rlinf.models.weights import iter_weight_buckets
+        from rlinf.weight_sync.exporter import WeightExporter, dispatch
+
+        if self._weight_exporter is None:
+            self._weight_exporter = WeightExporter(
+                lambda size: iter_weight_buckets(self.iter_hf_weights(cpu=False), size)
+            )
+        return dispatch(self._weight_exporter, verb, *args)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor for bucket in self.export_weights(2**62) for name, tensor in bucket}
