@@ -4,6 +4,7 @@ end-to-end tests: the run must exit 0, write a TensorBoard event file, and log `
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ def run_tiny_grpo(
         *overrides,
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    figures = os.environ.get("RLINF_GPU_FIGURES")
+    if figures:  # the whole log next to the figures: a lent GPU's $OUT brings it back
+        log = Path(figures).parent / f"{tmp_path.name}.log"
+        log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     tail = (done.stdout + done.stderr)[-5000:]
     assert done.returncode == 0, tail
     rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
