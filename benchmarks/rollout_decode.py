@@ -79,7 +79,7 @@ def run_generate(model, prompts, new_tokens: int) -> float:
     return seconds
 
 
-def run_sglang(checkpoint: Path, prompts, new_tokens: int, engine) -> float:
+def run_sglang(prompts, new_tokens: int, engine) -> float:
     # ignore_eos, not min_new_tokens: SGLang's min_new_tokens penalizer reads the request's tokenizer,
     # which skip_tokenizer_init leaves unset (see rlinf/workers/rollout/sglang_args.py).
     params = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -201,36 +201,28 @@ def main() -> None:
 
         vocab = moonlight_slice_config(args.layers)["vocab_size"]
         nbytes = 0
-    engine = None
     if "sglang" in backends:
-        engine, nbytes = start_sglang(Path(args.checkpoint), args, nbytes)
+        ensure_checkpoint(Path(args.checkpoint), args.layers)
+        nbytes = nbytes or checkpoint_weight_bytes(Path(args.checkpoint))
     result["weight_GiB"] = gib(nbytes)
     step_seconds_bound = nbytes / bandwidth
+    in_process = [b for b in backends if b != "sglang"]
 
+    entries = {}
     for batch in batches:
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-        bound = batch / step_seconds_bound
-        tokens = batch * args.new_tokens
-        runs = []
-        for backend in backends:
+        entries[batch] = entry = {"batch": batch, "bound_tokens_per_s": round(batch / step_seconds_bound, 1)}
+        entry["backends"] = []
+        for backend in in_process:
             if backend in ("torch", "torch_compare"):
                 sampler = compare if backend == "torch_compare" else None
                 run_torch(model, prompts[:8], 4, sampler)  # warm-up (kernels, allocator)
                 seconds = run_torch(model, prompts, args.new_tokens, sampler)
-            elif backend == "generate":
+            else:
                 run_generate(model, prompts[:8], 4)
                 seconds = run_generate(model, prompts, args.new_tokens)
-            else:
-                run_sglang(Path(args.checkpoint), prompts[:8], 4, engine)
-                seconds = run_sglang(Path(args.checkpoint), prompts, args.new_tokens, engine)
-            run = {"backend": backend, "batch": batch, "seconds": round(seconds, 3)}
-            if backend == "torch_compare":
-                run["sampler"] = args.compare_sampler
-            run["tokens_per_s"] = round(tokens / seconds, 1)
-            run["fraction_of_bound"] = round(tokens / seconds / bound, 4)
-            runs.append(run)
-            print(run, file=sys.stderr, flush=True)
-        entry = {"batch": batch, "bound_tokens_per_s": round(bound, 1), "backends": runs}
+            extra = {"sampler": args.compare_sampler} if backend == "torch_compare" else {}
+            add_run(entry, backend, batch * args.new_tokens, seconds, **extra)
         if args.breakdown and model is not None:
             entry["breakdown"] = decode_breakdown(model, batch, args.prompt_len)
         if args.profile and model is not None:
@@ -239,30 +231,63 @@ def main() -> None:
         gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    if engine is not None:
-        engine.shutdown()
+    if "sglang" in backends:
+        # Last, with the in-process model gone: seen on the H200, the torch rollout ran 4-8x slower
+        # while an SGLang engine was up in the same process (its scheduler shares the GPU and host).
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        engine = start_sglang(Path(args.checkpoint), args)
+        try:
+            for batch in batches:
+                prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+                run_sglang(prompts[:8], 4, engine)
+                add_run(
+                    entries[batch],
+                    "sglang",
+                    batch * args.new_tokens,
+                    run_sglang(prompts, args.new_tokens, engine),
+                )
+        finally:
+            engine.shutdown()
     emit(result)
 
 
-def start_sglang(checkpoint: Path, args, nbytes: int):
-    import sglang
+def add_run(entry: dict, backend: str, tokens: int, seconds: float, **extra) -> None:
+    bound = entry["bound_tokens_per_s"]
+    run = {"backend": backend, "batch": entry["batch"], "seconds": round(seconds, 3), **extra}
+    run["tokens_per_s"] = round(tokens / seconds, 1)
+    run["fraction_of_bound"] = round(tokens / seconds / bound, 4)
+    entry["backends"].append(run)
+    print(run, file=sys.stderr, flush=True)
 
+
+def ensure_checkpoint(checkpoint: Path, layers: int) -> None:
     if not (checkpoint / "config.json").is_file():
         from rlinf.models.slice import build_moonlight_slice
 
-        build_moonlight_slice(checkpoint, args.layers, dtype="bf16", device=DEVICE)
-    if not nbytes:
-        from safetensors import safe_open
+        build_moonlight_slice(checkpoint, layers, dtype="bf16", device=DEVICE)
 
-        for file in checkpoint.glob("*.safetensors"):
-            with safe_open(str(file), "pt") as f:
-                for name in f.keys():
-                    t = f.get_slice(name)
-                    shape = t.get_shape()
-                    count = 1
-                    for d in shape:
-                        count *= d
-                    nbytes += 2 * count
+
+def checkpoint_weight_bytes(checkpoint: Path) -> int:
+    """Bytes of every tensor in the checkpoint's safetensors files (from their headers)."""
+    from safetensors import safe_open
+
+    nbytes = 0
+    for file in checkpoint.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                t = f.get_slice(name)
+                count = 1
+                for d in t.get_shape():
+                    count *= d
+                nbytes += count * {"BF16": 2, "F16": 2, "F32": 4}.get(t.get_dtype(), 2)
+    return nbytes
+
+
+def start_sglang(checkpoint: Path, args):
+    import sglang
+
     max_batch = max(int(b) for b in args.batches.split(","))
     engine = sglang.Engine(
         model_path=str(checkpoint),
@@ -277,7 +302,7 @@ def start_sglang(checkpoint: Path, args, nbytes: int):
         random_seed=0,
         log_level="error",
     )
-    return engine, nbytes
+    return engine
 
 
 if __name__ == "__main__":
