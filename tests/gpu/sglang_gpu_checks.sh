@@ -7,7 +7,7 @@
 #      min_new_tokens, Moonlight-slice logprobs
 #      (engine+bench: the same, then benchmarks/rollout_decode.py with SGLang, the torch rollout and
 #      transformers' generate on the slice the tests built, batches 64/256 x 512 new tokens)
-#   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop
+#   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop [pytest args, e.g. -k megatron]
 #      the GRPO loop colocated on one GPU (Ray + SGLang rollout + torch actor), 4 steps
 #
 # .h10-pytest holds pytest/pluggy/iniconfig wheels (the device image has no pytest); .h10-tiny is a
@@ -49,8 +49,8 @@ case "${1:-}" in
     source /tmp/site/env.sh
     use_pytest
     python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
-    RLINF_GPU_TINY=$PWD/.h10-tiny timeout 500 python3 -m pytest -q -s -p no:cacheprovider \
-      tests/gpu/test_sglang_grpo.py 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
+    RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
+      tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     ;;
   *)
     echo "usage: $0 engine|loop" >&2

@@ -18,22 +18,20 @@ STEPS = 4
 ACTORS = {
     # fp32 actor against the bf16 engine: the mismatch then also shows the engine's bf16 rounding.
     "torch": ["actor.model.precision=fp32"],
-    # The Moonlight path: Megatron actor, CUDA IPC from Megatron-Bridge's GPU export, and the
-    # actor offloaded between phases (every colocated transition runs and is measured).
-    "megatron": [
-        "actor.training_backend=megatron",
-        "actor.num_threads=null",
-        "actor.model.precision=bf16",
-        "actor.offload_between_phases=true",
-    ],
+    # The Moonlight path: Megatron actor, CUDA IPC from Megatron-Bridge's GPU export.
+    "megatron": ["actor.training_backend=megatron", "actor.num_threads=null", "actor.model.precision=bf16"],
 }
+# ... and with the actor offloaded between phases (every colocated transition runs and is
+# measured). This variant crashed the engine once on the H200 (docs/benchmarks.md); the resident
+# one separates the offload from the rest of the path.
+ACTORS["megatron_offload"] = [*ACTORS["megatron"], "actor.offload_between_phases=true"]
 
 
 @pytest.mark.parametrize("actor", ACTORS)
 def test_grpo_loop_colocated_on_one_gpu(cuda, sglang_installed, tmp_path, actor):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("needs ray (carry .wray on the device)")
-    if actor == "megatron" and importlib.util.find_spec("megatron") is None:
+    if actor.startswith("megatron") and importlib.util.find_spec("megatron") is None:
         pytest.skip("needs megatron-core (carry .wmeg on the device)")
     model = os.environ.get("RLINF_GPU_TINY", "tiny://bootstrap-gpu")
     steps = run_tiny_grpo(
