@@ -10,6 +10,9 @@
 #   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop [pytest args, e.g. -k megatron]
 #      the GRPO loop colocated on one GPU (Ray + SGLang rollout + torch actor), 4 steps
 #
+#   3. (like 2, carry [".wray", ".wmeg"]):              bash tests/gpu/sglang_gpu_checks.sh step [args]
+#      benchmarks/grpo_step_runner.py: a whole colocated step on the slice, split by phase
+#
 # .h10-pytest holds pytest/pluggy/iniconfig wheels (the device image has no pytest); .h10-tiny is a
 # warm-started GPU-tiny checkpoint built on the CPU machine:
 #   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
@@ -52,8 +55,17 @@ case "${1:-}" in
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     ;;
+  step)
+    # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
+    # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
+    source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+    source /tmp/site/env.sh
+    python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
+    timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" "${@:2}" 2>&1 |
+      tee "$OUT/grpo_step_runner.log" | tail -n 40
+    ;;
   *)
-    echo "usage: $0 engine|loop" >&2
+    echo "usage: $0 engine|engine+bench|loop|step" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,212 @@
+"""A whole colocated GRPO step through the real runner (Ray, the recipe's backends), split by phase.
+
+Runs examples/reasoning/main_grpo.py with the Moonlight recipe scaled to one GPU (TP = EP = 1,
+SGLang with triton attention) on the Moonlight-shaped slice, a dataset of fixed-length prompts, and
+the runner's own timers: time/rollout, reward, logprobs, train, weight_sync and the colocated
+memory transitions (grouped as offload_onload), with memory/<transition>_gib after each. Step 1
+(engine warm-up, first kernels) is dropped; the figures are the mean of the later steps.
+
+    python benchmarks/grpo_step_runner.py [--actor megatron|torch] [--rollout sglang|torch]
+        [--prompts 32] [--group-size 8] [--prompt-len 256] [--new-tokens 512] [--steps 3]
+        [--sweep-new-tokens 256,1024] [--sweep-prompts 8,16] [--plot docs/grpo_step_runner.png]
+    python benchmarks/grpo_step_runner.py --smoke  # CPU: the tiny recipe, torch backends, 2 steps
+
+Every run is a fresh process (engine and actor start-up are not in the step figures; they are
+reported as startup_seconds). Prints one JSON object; the full logs stay in --work-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("rollout", "reward", "logprobs", "train", "weight_sync")
+TRANSITIONS = (
+    "rollout_release",
+    "actor_onload",
+    "rollout_resume_weights",
+    "actor_offload",
+    "rollout_resume_kv_cache",
+)
+
+
+def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
+    """Mean per-phase seconds, shares and tokens/s per GPU over the train steps after the first."""
+    steps = [r for r in rows if r.get("step", 0) >= 1 and "time/step" in r]
+    if len(steps) < 2:
+        raise ValueError(f"need at least 2 train steps in the metrics (step 1 is warm-up), got {len(steps)}")
+    timed = steps[1:]
+
+    def mean(key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in timed) / len(timed)
+
+    step = mean("time/step")
+    seconds = {p: mean(f"time/{p}") for p in PHASES}
+    seconds["offload_onload"] = sum(mean(f"time/{t}") for t in TRANSITIONS)
+    seconds["other"] = max(0.0, step - sum(seconds.values()))  # advantages, driver glue, metrics
+    tokens = mean("rollout/num_response_tokens")
+    memory = {
+        k.removeprefix("memory/"): round(mean(k), 2) for k in sorted(timed[-1]) if k.startswith("memory/")
+    }
+    return {
+        "steps_timed": len(timed),
+        "step_seconds": round(step, 3),
+        "response_tokens": round(tokens),
+        "response_tokens_per_s_per_gpu": round(tokens / step / num_gpus, 1),
+        "phase_seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "phase_share": {k: round(v / step, 3) for k, v in seconds.items()},
+        "memory_gib_after": memory,
+        "logprob_abs_diff": round(mean("rollout/logprob_abs_diff"), 5),
+    }
+
+
+def write_prompts(path: Path, num: int, length: int, vocab: int, seed: int) -> None:
+    """Prompts of exactly `length` word-level tokens ("t123" = id 123), answers that never match."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(num):
+            text = " ".join(f"t{rng.randrange(2, vocab)}" for _ in range(length))
+            f.write(json.dumps({"prompt": text, "solutions": ["1"]}) + "\n")
+
+
+def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_tokens: int) -> list[str]:
+    responses = prompts * args.group_size
+    common = [
+        f"runner.max_steps={args.steps}",
+        "runner.val_check_interval=0",
+        "runner.save_interval=0",
+        "runner.resume_dir=null",
+        f"runner.output_dir={out / 'results'}",
+        f"runner.logger.log_path={out / 'logs'}",
+        "runner.logger.plot=false",
+        f"data.rollout_batch_size={prompts}",
+        f"algorithm.group_size={args.group_size}",
+        f"algorithm.sampling_params.max_new_tokens={new_tokens}",
+        f"actor.seq_length={args.prompt_len + new_tokens}",
+        f"actor.global_batch_size={max(1, responses // args.minibatches)}",
+        f"actor.micro_batch_size={args.micro_batch}",
+        f"actor.model.model_path={checkpoint}",
+    ]
+    if args.smoke:  # the tiny recipe's synthetic arithmetic prompts (the tiny tokenizer has no "t123")
+        return common
+    return [
+        *common,
+        f"data.train_data_paths=[{data}]",
+        "data.val_data_paths=[]",
+        f"data.max_prompt_length={args.prompt_len}",
+        "cluster.num_gpus_per_node=1",
+        f"actor.training_backend={args.actor}",
+        f"rollout.rollout_backend={args.rollout}",
+        "actor.model.trust_remote_code=false",
+        "actor.model.tensor_model_parallel_size=1",
+        "actor.model.expert_model_parallel_size=1",
+        "actor.model.sequence_parallel=false",
+        "rollout.tensor_parallel_size=1",
+        "rollout.sglang.attention_backend=triton",
+        f"rollout.gpu_memory_utilization={args.rollout_memory}",
+        f"reward.num_workers={args.reward_workers}",
+    ]
+
+
+def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) -> dict[str, Any]:
+    out = Path(args.work_dir) / tag
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "prompts.jsonl"
+    if not args.smoke:
+        write_prompts(data, prompts * args.steps, args.prompt_len, args.vocab, seed=len(tag))
+    recipe = "tiny-moe-grpo-cpu" if args.smoke else "moonlight-16b-grpo-megatron"
+    cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe]
+    cmd += overrides(args, checkpoint, data, out, prompts, new_tokens)
+    started = time.perf_counter()
+    with (out / "run.log").open("w") as log:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        tail = (out / "run.log").read_text()[-3000:]
+        raise SystemExit(f"run {tag} failed (exit {done.returncode}); log {out / 'run.log'}:\n{tail}")
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    summary = summarize(rows)
+    step_total = sum(r.get("time/step", 0.0) for r in rows if r.get("step", 0) >= 1)
+    print(f"[{tag}] {summary}", file=sys.stderr, flush=True)
+    return {
+        "prompts": prompts,
+        "responses": prompts * args.group_size,
+        "new_tokens": new_tokens,
+        "startup_seconds": round(wall - step_total, 1),
+        **summary,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l-tok")
+    parser.add_argument("--work-dir", default="/tmp/rlinf-bench/grpo-step-runner")
+    parser.add_argument("--actor", default="megatron", choices=("megatron", "torch"))
+    parser.add_argument("--rollout", default="sglang", choices=("sglang", "torch"))
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--minibatches", type=int, default=4, help="optimizer steps per GRPO step (recipe: 4)"
+    )
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--rollout-memory", type=float, default=0.5)
+    parser.add_argument("--reward-workers", type=int, default=8)
+    parser.add_argument("--sweep-new-tokens", default="")
+    parser.add_argument("--sweep-prompts", default="")
+    parser.add_argument("--plot", default="")
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+
+    if args.smoke:
+        checkpoint, args.vocab = "tiny://bootstrap", 10
+        args.prompts, args.group_size, args.prompt_len, args.new_tokens = 2, 2, 64, 8
+        args.steps, args.micro_batch, args.minibatches = 2, 2, 1
+        args.work_dir = args.work_dir + "-smoke"
+    else:
+        from grpo_step_phases import build_checkpoint
+
+        from rlinf.models.slice import moonlight_slice_config
+
+        checkpoint = build_checkpoint(Path(args.checkpoint), smoke=False)
+        args.vocab = moonlight_slice_config(4)["vocab_size"]
+    result: dict[str, Any] = {
+        "checkpoint": str(checkpoint),
+        "actor": "torch" if args.smoke else args.actor,
+        "rollout": "torch" if args.smoke else args.rollout,
+        "prompt_len": args.prompt_len,
+        "group_size": args.group_size,
+        "main": run_once(args, checkpoint, args.prompts, args.new_tokens, "main"),
+        "sweep": [],
+    }
+    for n in (int(x) for x in args.sweep_new_tokens.split(",") if x):
+        row = run_once(args, checkpoint, args.prompts, n, f"new{n}") | {"varied": "new_tokens"}
+        result["sweep"].append(row)
+    for p in (int(x) for x in args.sweep_prompts.split(",") if x):
+        row = run_once(args, checkpoint, p, args.new_tokens, f"prompts{p}") | {"varied": "responses"}
+        result["sweep"].append(row)
+    if args.plot and result["sweep"]:
+        from grpo_step_phases import plot
+
+        shared = [result["main"] | {"varied": key} for key in ("new_tokens", "responses")]
+        plot(result["sweep"] + shared, Path(args.plot))
+        result["plot"] = args.plot
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
