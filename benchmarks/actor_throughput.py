@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -142,6 +143,8 @@ def main() -> None:
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
         torch.cuda.reset_peak_memory_stats()
+        # A partial figure survives a run cut off by the device's time limit.
+        print(json.dumps({backend: result[backend]}), file=sys.stderr, flush=True)
     if "torch" in result and "megatron" in result:
         result["megatron_speedup"] = result["megatron"]["tokens_per_s"] / result["torch"]["tokens_per_s"]
     print(json.dumps(result))
