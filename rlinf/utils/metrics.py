@@ -17,10 +17,13 @@ class MetricLogger:
         self.log_path.mkdir(parents=True, exist_ok=True)
         self.writer = None
         if "tensorboard" in backends:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=str(self.log_path))
+            self.writer = self._tensorboard()
         self.history_path = self.log_path / HISTORY_FILE
+
+    def _tensorboard(self, purge_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.log_path), purge_step=purge_step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
@@ -37,9 +40,14 @@ class MetricLogger:
         return [json.loads(line) for line in self.history_path.read_text().splitlines() if line.strip()]
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop history rows of steps the resumed run will redo."""
+        """On resume: drop history rows of steps the resumed run will redo, and tell TensorBoard
+        to drop its points from step + 1 on (a purge marker in a new event file), so a redone step
+        shows once, with the resumed run's value."""
         kept = [row for row in self.history() if row["step"] <= step]
         self.history_path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self._tensorboard(purge_step=step + 1)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -24,6 +24,26 @@ def test_tensorboard_events_and_history(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_resume_purges_the_redone_steps_from_tensorboard(tmp_path):
+    """A run that crashed after logging step 4 resumes from the step-2 checkpoint: TensorBoard must
+    show steps 3 and 4 once, with the resumed run's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricLogger(tmp_path, ("tensorboard",))
+    for step in range(1, 5):
+        first.log({"rollout/reward_mean": float(step)}, step)
+    first.close()
+    resumed = MetricLogger(tmp_path, ("tensorboard",))
+    resumed.truncate_after(2)
+    for step in (3, 4):
+        resumed.log({"rollout/reward_mean": 10.0 * step}, step)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("rollout/reward_mean")]
+    assert points == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
 def _batch(correct: list[bool], lengths: list[int], reasons: list[str]) -> RolloutBatch:
     n, width = len(correct), max(lengths)
     mask = torch.tensor([[i < length for i in range(width)] for length in lengths])
