@@ -165,6 +165,13 @@ def main() -> None:
     )
     parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l", help="for sglang")
     parser.add_argument("--sglang-mem-fraction", type=float, default=0.5)
+    parser.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an Engine argument, e.g. attention_backend=flashinfer, sampling_backend=flashinfer",
+    )
     args = parser.parse_args()
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -285,23 +292,42 @@ def checkpoint_weight_bytes(checkpoint: Path) -> int:
     return nbytes
 
 
+def parse_engine_args(pairs: list[str]) -> dict:
+    """KEY=VALUE strings -> Engine kwargs; values read as JSON where they parse (numbers, booleans)."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--sglang-arg {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def start_sglang(checkpoint: Path, args):
     import sglang
 
     max_batch = max(int(b) for b in args.batches.split(","))
-    engine = sglang.Engine(
-        model_path=str(checkpoint),
-        skip_tokenizer_init=True,
-        attention_backend="triton",
-        sampling_backend="pytorch",
-        grammar_backend="none",
-        disable_piecewise_cuda_graph=True,
-        mem_fraction_static=args.sglang_mem_fraction,
-        cuda_graph_max_bs=max_batch,
-        max_running_requests=max_batch,
-        random_seed=0,
-        log_level="error",
-    )
+    kwargs = {
+        "model_path": str(checkpoint),
+        "skip_tokenizer_init": True,
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "grammar_backend": "none",
+        "disable_piecewise_cuda_graph": True,
+        "mem_fraction_static": args.sglang_mem_fraction,
+        "cuda_graph_max_bs": max_batch,
+        "max_running_requests": max_batch,
+        "random_seed": 0,
+        "log_level": "error",
+    }
+    kwargs.update(parse_engine_args(args.sglang_arg))
+    print({"sglang_engine_args": kwargs}, file=sys.stderr, flush=True)
+    engine = sglang.Engine(**kwargs)
     return engine
 
 
