@@ -14,24 +14,15 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from gpu_checks import recompute_logprobs, record
 
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
-
-
-def record(name: str, **figures) -> None:
-    line = json.dumps({"check": name, **figures})
-    print(line)
-    path = os.environ.get("RLINF_GPU_FIGURES")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def actor_config(path: Path, precision: str, *, lr: float = 1e-5, mbs: int = 4, gbs: int = 8) -> Config:
@@ -78,19 +69,11 @@ def synthetic_batch(
 
 def hf_logprobs(path: Path, precision: str, batch: RolloutBatch) -> torch.Tensor:
     from rlinf.models.loader import load_causal_lm
-    from rlinf.models.logprobs import response_logprobs
 
     model = load_causal_lm(str(path), precision=precision, device=torch.device("cuda"))
-    with torch.no_grad():
-        lp, _ = response_logprobs(
-            model,
-            batch.prompt_ids.cuda(),
-            batch.prompt_mask.cuda(),
-            batch.response_ids.cuda(),
-            batch.response_mask.cuda(),
-        )
+    lp = recompute_logprobs(model, batch)
     del model
-    return lp.float().cpu()
+    return lp.cpu()
 
 
 def free() -> None:

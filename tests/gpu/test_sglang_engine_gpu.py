@@ -7,28 +7,19 @@ Figures go to stdout and, when RLINF_GPU_FIGURES names a file, to it as JSON lin
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 
 import pytest
 import torch
+from gpu_checks import engine_greedy, hf_greedy, recompute_logprobs, record
 
 from rlinf.config.schema import Config
-from rlinf.models.logprobs import response_logprobs
-from rlinf.workers.rollout.sampling import SamplingParams, sample
+from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import engine_kwargs, parse_outputs, request_seeds, sampling_dicts
 
 GIB = 1024**3
 PROMPTS = ["1+2-3=", "4-1+2=", "9-8+7=", "5+5-1="]
-
-
-def record(name: str, **figures) -> None:
-    line = json.dumps({"check": name, **figures})
-    print(line)
-    if os.environ.get("RLINF_GPU_FIGURES"):
-        with open(os.environ["RLINF_GPU_FIGURES"], "a") as f:
-            f.write(line + "\n")
 
 
 def gpu_engine_kwargs(
@@ -78,17 +69,8 @@ def _generate(t, params: SamplingParams, n: int = 1, seed: int = 7):
 
 
 def _mismatch(model, parsed, temperature: float) -> float:
-    with torch.no_grad():
-        lp, _ = response_logprobs(
-            model,
-            parsed.prompt_ids.cuda(),
-            parsed.prompt_mask.cuda(),
-            parsed.response_ids.cuda(),
-            parsed.response_mask.cuda(),
-            temperature=temperature,
-        )
-    mask = parsed.response_mask.cuda()
-    return float((lp.float() - parsed.logprobs.cuda()).abs()[mask].mean())
+    lp = recompute_logprobs(model, parsed, temperature)
+    return float((lp - parsed.logprobs.cuda()).abs()[parsed.response_mask.cuda()].mean())
 
 
 def test_tiny_logprobs_equal_the_actor_recompute(tiny):
@@ -113,21 +95,11 @@ def test_tiny_logprobs_equal_the_actor_recompute(tiny):
 
 
 def _hf_greedy(model, t, max_new: int):
-    out = sample(
-        model,
-        t["prompts"],
-        SamplingParams(greedy=True, max_new_tokens=max_new),
-        eos_token_ids=t["eos"],
-        pad_token_id=t["pad"],
-    )
-    return [
-        ids[mask].tolist() for ids, mask in zip(out.response_ids.cpu(), out.response_mask.cpu(), strict=True)
-    ]
+    return hf_greedy(model, t["prompts"], t["eos"], t["pad"], max_new)
 
 
 def _engine_greedy(t, max_new: int):
-    parsed = _generate(t, SamplingParams(greedy=True, max_new_tokens=max_new))
-    return [ids[mask].tolist() for ids, mask in zip(parsed.response_ids, parsed.response_mask, strict=True)]
+    return engine_greedy(t["engine"], t["prompts"], t["eos"], t["pad"], max_new)
 
 
 def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
@@ -198,12 +170,7 @@ def test_min_new_tokens_logprobs(tiny, gpu_tiny):
     parsed = _generate(tiny, params, n=4)
     assert (parsed.response_mask.sum(1) >= 4).all()
     model = tiny["load"]("fp32")
-    with torch.no_grad():
-        full, _ = response_logprobs(
-            model, parsed.prompt_ids.cuda(), parsed.prompt_mask.cuda(),
-            parsed.response_ids.cuda(), parsed.response_mask.cuda(),
-        )  # fmt: skip
-    gap = parsed.logprobs.cuda() - full.float()
+    gap = parsed.logprobs.cuda() - recompute_logprobs(model, parsed)
     later = gap[:, 4:][parsed.response_mask[:, 4:].cuda()]
     record(
         "min_new_tokens=4 logprobs (SGLang minus full-distribution fp32 recompute)",

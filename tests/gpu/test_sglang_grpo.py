@@ -11,8 +11,8 @@ import importlib.util
 import os
 
 import pytest
+from gpu_checks import record
 from grpo_run import run_tiny_grpo
-from test_sglang_engine_gpu import record
 
 STEPS = 4
 ACTORS = {

@@ -13,19 +13,9 @@ import os
 from pathlib import Path
 
 import torch
+from gpu_checks import engine_greedy, hf_greedy, record
 from test_megatron_actor import actor_config, synthetic_batch, vocab_of
-from test_sglang_engine_gpu import PROMPTS, gpu_engine_kwargs, record
-
-from rlinf.workers.rollout.sampling import SamplingParams, sample
-from rlinf.workers.rollout.sglang_args import parse_outputs, request_seeds, sampling_dicts
-
-
-def greedy(engine, prompts, eos, pad, max_new=12):
-    params = SamplingParams(greedy=True, max_new_tokens=max_new)
-    parsed = parse_outputs(
-        engine.generate(prompts, sampling_dicts(params, eos, request_seeds(1, len(prompts)))), prompts, pad
-    )
-    return [ids[m].tolist() for ids, m in zip(parsed.response_ids, parsed.response_mask, strict=True)]
+from test_sglang_engine_gpu import PROMPTS, gpu_engine_kwargs
 
 
 def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, megatron_installed):
@@ -42,7 +32,7 @@ def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, me
 
     engine = SGLangEngine(gpu_engine_kwargs(str(path), graphs=8), where="test engine (megatron sync)")
     try:
-        before = greedy(engine, prompts, eos, pad)
+        before = engine_greedy(engine, prompts, eos, pad)
         stage("engine up, first generate done")
         actor = MegatronActor(actor_config(path, "bf16", lr=1e-3))
         stage("megatron actor built")
@@ -62,18 +52,13 @@ def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, me
         freed = actor.offload()["actor/offload_freed_gib"]
         engine.resume()
         stage("actor offloaded, engine resumed", freed_gib=round(freed, 3))
-        served = greedy(engine, prompts, eos, pad)
+        served = engine_greedy(engine, prompts, eos, pad)
         stage("generate after sync done")
     finally:
         engine.shutdown()
     model = load_causal_lm(str(path), precision="bf16", device=torch.device("cuda"))
     load_weight_bucket(model, trained.items())
-    out = sample(
-        model, prompts, SamplingParams(greedy=True, max_new_tokens=12), eos_token_ids=eos, pad_token_id=pad
-    )
-    expected = [
-        ids[m].tolist() for ids, m in zip(out.response_ids.cpu(), out.response_mask.cpu(), strict=True)
-    ]
+    expected = hf_greedy(model, prompts, eos, pad)
     stage(
         "result",
         greedy_rows_equal=sum(a == b for a, b in zip(served, expected, strict=True)),

@@ -4,9 +4,9 @@ sampled-token logprobs equal the HF actor's recompute in bf16, with the fp32 ref
 from __future__ import annotations
 
 import torch
-from test_sglang_engine_gpu import gpu_engine_kwargs, record
+from gpu_checks import recompute_logprobs, record
+from test_sglang_engine_gpu import gpu_engine_kwargs
 
-from rlinf.models.logprobs import response_logprobs
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import parse_outputs, request_seeds, sampling_dicts
 
@@ -33,12 +33,7 @@ def test_slice_logprobs_equal_the_actor_recompute(moonlight_slice, sglang_instal
     mask = parsed.response_mask.cuda()
     for precision in ("bf16", "fp32"):
         model = load_causal_lm(str(moonlight_slice), precision=precision, device=torch.device("cuda"))
-        with torch.no_grad():
-            lp, _ = response_logprobs(
-                model, parsed.prompt_ids.cuda(), parsed.prompt_mask.cuda(),
-                parsed.response_ids.cuda(), parsed.response_mask.cuda(),
-            )  # fmt: skip
-        hf[precision] = lp.float()
+        hf[precision] = recompute_logprobs(model, parsed)
         diff = (hf[precision] - parsed.logprobs.cuda()).abs()[mask]
         figures[f"mean_abs_diff_{precision}"] = float(diff.mean())
         figures[f"max_abs_diff_{precision}"] = float(diff.max())

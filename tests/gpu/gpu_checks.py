@@ -1,0 +1,55 @@
+"""Pieces the GPU checks share: figure records, the HF logprob recompute, greedy rows from an
+SGLang engine and from an HF model (what "the engine serves these weights" is checked with)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from rlinf.models.logprobs import response_logprobs
+from rlinf.workers.rollout.sampling import SamplingParams, sample
+from rlinf.workers.rollout.sglang_args import parse_outputs, request_seeds, sampling_dicts
+
+
+def record(name: str, **figures) -> None:
+    """One JSON line on stdout and, when RLINF_GPU_FIGURES names a file, appended to it."""
+    line = json.dumps({"check": name, **figures})
+    print(line)
+    path = os.environ.get("RLINF_GPU_FIGURES")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def recompute_logprobs(model, batch, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 [B, R] logprobs of `batch`'s responses (anything with the RolloutBatch id / mask
+    fields, on any device) under `model`, on the GPU."""
+    with torch.no_grad():
+        lp, _ = response_logprobs(
+            model,
+            batch.prompt_ids.cuda(),
+            batch.prompt_mask.cuda(),
+            batch.response_ids.cuda(),
+            batch.response_mask.cuda(),
+            temperature=temperature,
+        )
+    return lp.float()
+
+
+def real_tokens(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    return [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu(), strict=True)]
+
+
+def engine_greedy(engine, prompts, eos: list[int], pad: int, max_new: int = 12) -> list[list[int]]:
+    params = SamplingParams(greedy=True, max_new_tokens=max_new)
+    outs = engine.generate(prompts, sampling_dicts(params, eos, request_seeds(1, len(prompts))))
+    parsed = parse_outputs(outs, prompts, pad)
+    return real_tokens(parsed.response_ids, parsed.response_mask)
+
+
+def hf_greedy(model, prompts, eos: list[int], pad: int, max_new: int = 12) -> list[list[int]]:
+    params = SamplingParams(greedy=True, max_new_tokens=max_new)
+    out = sample(model, prompts, params, eos_token_ids=eos, pad_token_id=pad)
+    return real_tokens(out.response_ids, out.response_mask)
