@@ -33,6 +33,13 @@ use_pytest() {
   fi
 }
 
+# Ray + Megatron from this call's carry, on top of the sglang the previous call installed.
+use_project_stack() {
+  source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+  source /tmp/site/env.sh
+  python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
+}
+
 case "${1:-}" in
   engine|engine+bench)
     bash .whl/tools/install.sh >/dev/null || exit 1
@@ -48,19 +55,15 @@ case "${1:-}" in
     fi
     ;;
   loop)
-    source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
-    source /tmp/site/env.sh
+    use_project_stack
     use_pytest
-    python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     ;;
   step)
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
     # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
-    source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
-    source /tmp/site/env.sh
-    python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
+    use_project_stack
     timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner.log" | tail -n 40
     ;;
