@@ -10,6 +10,8 @@ bound tokens/s = batch x bandwidth / weight bytes. Prints one JSON object.
     python benchmarks/rollout_decode.py [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
         [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
         [--backends sglang --checkpoint DIR]  # SGLang alone (needs the slice on disk; built if missing)
+        [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at the largest batch,
+                                # summarised (busy / idle / top kernels per step, trace_summary.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from _common import device_copy_bandwidth, emit, environment, gib, slice_model, 
 
 from rlinf.workers.rollout.sampling import SamplingParams, choose_next_tokens, sample  # noqa: E402
 
+PROFILE_STEPS = 24
 EOS = 163586  # Moonlight's; masked by min_new_tokens everywhere, so rows never stop early
 DEVICE = "cuda"  # --smoke: "cpu", with a small random model, to check the script itself
 
@@ -172,6 +175,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="override an Engine argument, e.g. attention_backend=flashinfer, sampling_backend=flashinfer",
     )
+    parser.add_argument("--sglang-profile", type=Path, default=None, metavar="DIR")
     args = parser.parse_args()
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -255,6 +259,10 @@ def main() -> None:
                     batch * args.new_tokens,
                     run_sglang(prompts, args.new_tokens, engine),
                 )
+            if args.sglang_profile:
+                result["sglang_decode_profile"] = profile_sglang_decode(
+                    engine, random_prompts(batches[-1], args.prompt_len, vocab, seed=7), args.sglang_profile
+                )
         finally:
             engine.shutdown()
     emit(result)
@@ -267,6 +275,30 @@ def add_run(entry: dict, backend: str, tokens: int, seconds: float, **extra) -> 
     run["fraction_of_bound"] = round(tokens / seconds / bound, 4)
     entry["backends"].append(run)
     print(run, file=sys.stderr, flush=True)
+
+
+def profile_sglang_decode(engine, prompts, out_dir: Path) -> dict:
+    """GPU-only torch-profiler trace of the first PROFILE_STEPS decode steps of one batch (SGLang's
+    profile_by_stage), summarised per step: how much of a step the GPU is busy, and with what."""
+    from trace_summary import load_events, summarize
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine.start_profile(
+        output_dir=str(out_dir),
+        num_steps=PROFILE_STEPS,
+        activities=["GPU"],  # no CPU ops: the host side runs at its unprofiled speed
+        profile_by_stage=True,
+        with_stack=False,
+        record_shapes=False,
+    )
+    run_sglang(prompts, PROFILE_STEPS + 8, engine)  # steps past the target stop and write the trace
+    traces = sorted(out_dir.glob("*DECODE.trace.json*"), key=lambda f: f.stat().st_mtime)
+    if not traces:
+        return {"error": f"no DECODE trace written to {out_dir}"}
+    summary = summarize(load_events(traces[-1]), steps=PROFILE_STEPS)
+    summary.update(batch=len(prompts), trace=str(traces[-1]))
+    print({"sglang_decode_profile": summary}, file=sys.stderr, flush=True)
+    return summary
 
 
 def ensure_checkpoint(checkpoint: Path, layers: int) -> None:

@@ -33,6 +33,14 @@ use_pytest() {
   fi
 }
 
+# The tail of every non-empty Ray worker log (SGLang's children write their tracebacks there).
+save_ray_logs() {
+  mkdir -p "$OUT/ray_logs"
+  for f in /tmp/ray/session_*/logs/worker-*.err /tmp/ray/session_*/logs/worker-*.out; do
+    [ -s "$f" ] && tail -n 400 "$f" >"$OUT/ray_logs/$(basename "$(dirname "$(dirname "$f")")")-$(basename "$f")"
+  done
+}
+
 # Ray + Megatron from this call's carry, on top of the sglang the previous call installed.
 use_project_stack() {
   source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
@@ -46,12 +54,13 @@ case "${1:-}" in
     source /tmp/site/env.sh
     use_pytest
     budget=560
-    [ "$1" = engine+bench ] && budget=330
+    [ "$1" = engine+bench ] && budget=300
     timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     if [ "$1" = engine+bench ]; then
       timeout 240 python3 benchmarks/rollout_decode.py --backends sglang,torch,generate --batches 64,256 \
-        --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
+        --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" \
+        --sglang-profile /tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
     fi
     ;;
   loop)
@@ -59,6 +68,7 @@ case "${1:-}" in
     use_pytest
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
+    save_ray_logs
     ;;
   step)
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
@@ -66,6 +76,7 @@ case "${1:-}" in
     use_project_stack
     timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner.log" | tail -n 40
+    save_ray_logs
     ;;
   *)
     echo "usage: $0 engine|engine+bench|loop|step" >&2
