@@ -13,6 +13,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
 
     python benchmarks/actor_throughput.py --model DIR [--precision bf16] [--rows 16]
         [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
+        [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
+                         # (busy / idle share, top kernels; benchmarks/trace_summary.py)
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -67,8 +69,8 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
     )
 
 
-def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int) -> float:
-    """Seconds per `train` call, mean over `steps` after one warm-up call."""
+def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None):
+    """(seconds per `train` call, mean over `steps` after one warm-up call; trace summary or None)."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -82,10 +84,22 @@ def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int) -> float:
         actor.train(data, step=step + 1)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
+    summary = profile_train_call(actor, data, profile / f"{backend}.trace.json") if profile else None
     del actor
     gc.collect()
     torch.cuda.empty_cache()
-    return seconds
+    return seconds, summary
+
+
+def profile_train_call(actor, data: RolloutBatch, trace: Path) -> dict:
+    from trace_summary import load_events, summarize
+
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        actor.train(data, step=99)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    return summarize(load_events(trace), steps=1)
 
 
 def main() -> None:
@@ -101,6 +115,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H200 bf16 dense")
     parser.add_argument("--backends", default="torch,megatron")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
     if not list(Path(args.model).glob("tokenizer*")):
@@ -135,12 +150,13 @@ def main() -> None:
         "model_tflop_per_call": flops / 1e12,
     }
     for backend in args.backends.split(","):
-        seconds = measure(backend, cfg, data, args.steps)
+        seconds, trace = measure(backend, cfg, data, args.steps, args.profile)
         result[backend] = {
             "seconds_per_train_call": seconds,
             "tokens_per_s": tokens / seconds,
             "mfu": flops / seconds / (args.peak_tflops * 1e12),
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+            **({"profile_one_train_call": trace} if trace else {}),
         }
         torch.cuda.reset_peak_memory_stats()
         # A partial figure survives a run cut off by the device's time limit.

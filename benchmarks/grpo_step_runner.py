@@ -116,6 +116,7 @@ def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_t
         "rollout.sglang.attention_backend=triton",
         f"rollout.gpu_memory_utilization={args.rollout_memory}",
         f"reward.num_workers={args.reward_workers}",
+        *args.override,
     ]
 
 
@@ -170,6 +171,10 @@ def main() -> None:
     parser.add_argument("--plot", default="")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE",
+        help="one more recipe override, e.g. actor.offload_between_phases=false",
+    )  # fmt: skip
     args = parser.parse_args()
 
     if args.smoke:

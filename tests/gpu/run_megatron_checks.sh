@@ -43,7 +43,7 @@ case "$mode" in
     slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
     [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
     run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 --response 768 \
-      --steps 2 | tee -a "$RLINF_GPU_FIGURES" ;;
+      --steps 2 --profile /tmp/actor-profile | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|grpo|bench|all) ;;
   *) echo "usage: $0 [smoke|actor|grpo|bench|all]" >&2; exit 2 ;;
 esac
