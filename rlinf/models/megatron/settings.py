@@ -123,6 +123,24 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
     return problems
 
 
+def recompute_modules(
+    modules, granularity: str | None, te_available: bool, warnings: list[str]
+) -> list[str] | None:
+    """Selective recompute's module list. megatron-core recomputes `moe_act` only inside grouped-GEMM
+    experts (Transformer Engine); the TE-free SequentialMLP refuses it ("only supported with
+    moe_grouped_gemm"), so without TE it is dropped, with a warning, instead of failing the run."""
+    if granularity != "selective":
+        return None
+    kept = list(modules)
+    if not te_available and "moe_act" in kept:
+        kept.remove("moe_act")
+        warnings.append(
+            "actor.model.recompute_modules: moe_act is recomputed only in grouped-GEMM experts, which need "
+            f"Transformer Engine; without it the experts' activations are kept (recomputing {kept or 'nothing'})"
+        )
+    return kept
+
+
 def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
     """The Megatron settings for a recipe's actor section; raises MegatronSettingsError when impossible."""
     problems = model_problems(actor, te_available=te_available) + precision_problems(actor.optim)
@@ -152,7 +170,9 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         "mtp_num_layers": None,
         "gradient_accumulation_fusion": False,
         "recompute_granularity": m.recompute_granularity,
-        "recompute_modules": list(m.recompute_modules) if m.recompute_granularity == "selective" else None,
+        "recompute_modules": recompute_modules(
+            m.recompute_modules, m.recompute_granularity, te_available, warnings
+        ),
         "recompute_method": "uniform" if m.recompute_granularity == "full" else None,
         "recompute_num_layers": 1 if m.recompute_granularity == "full" else None,
         # Logits come back in the compute dtype; logprobs.py upcasts chunk by chunk.

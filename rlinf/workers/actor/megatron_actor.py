@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -403,7 +404,28 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         )
         return {"model": model_state, "optimizer": optimizer_state}
 
+    @contextmanager
+    def _resident(self):
+        """Weights and optimizer state on the GPU for the duration (an offloaded actor's buffers have
+        no storage: a checkpoint read or written then fails in megatron, seen on the H200 when the
+        run's last save came after the colocated offload); offloaded again afterwards."""
+        was_offloaded = self.offloaded
+        self.onload()
+        try:
+            yield
+        finally:
+            if was_offloaded:
+                self.offload()
+
     def save(self, directory: str) -> None:
+        with self._resident():
+            self._save(directory)
+
+    def load(self, directory: str) -> None:
+        with self._resident():
+            self._load(directory)
+
+    def _save(self, directory: str) -> None:
         """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
@@ -429,7 +451,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             torch.save(loop, path / LOOP_STATE_FILE)
         dist.barrier()
 
-    def load(self, directory: str) -> None:
+    def _load(self, directory: str) -> None:
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
 
