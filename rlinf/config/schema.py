@@ -149,7 +149,9 @@ class LRSchedulerConfig:
 @dataclass(frozen=True)
 class ActorConfig:
     training_backend: str = "torch"  # doc: torch (embedded) or megatron
-    micro_batch_size: int = 4  # doc: sequences per forward/backward
+    micro_batch_size: int = 4  # doc: sequences per forward/backward (without max_tokens_per_micro_batch)
+    # doc: padded tokens per forward/backward, rows x (longest prompt + longest response): micro-batches of rows of similar length, as many on every DP rank; null = micro_batch_size rows
+    max_tokens_per_micro_batch: int | None = None
     global_batch_size: int = 32  # doc: sequences per optimizer step (a minibatch), across DP ranks
     seq_length: int = 2048  # doc: max prompt + response tokens
     model: ModelConfig = field(default_factory=ModelConfig)  # doc: model and parallelism

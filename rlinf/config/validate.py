@@ -102,10 +102,22 @@ def check_batch_sizes(cfg: Config) -> None:
             f"actor.global_batch_size: {gbs} does not divide the {responses} responses per step "
             f"(data.rollout_batch_size {cfg.data.rollout_batch_size} x algorithm.group_size {cfg.algorithm.group_size})"
         )
-    if gbs % (mbs * dp):
+    if cfg.actor.max_tokens_per_micro_batch is None and gbs % (mbs * dp):
         raise ConfigError(
             f"actor.global_batch_size: {gbs} is not divisible by actor.micro_batch_size ({mbs}) "
             f"x data-parallel size ({dp})"
+        )
+
+
+def check_micro_batch_tokens(cfg: Config) -> None:
+    """A token budget per micro-batch holds the longest row a step can have (it runs alone)."""
+    budget = cfg.actor.max_tokens_per_micro_batch
+    prompt, response = cfg.data.max_prompt_length, cfg.algorithm.sampling_params.max_new_tokens
+    if budget is not None and budget < prompt + response:
+        raise ConfigError(
+            f"actor.max_tokens_per_micro_batch: {budget} < the longest possible row, data.max_prompt_length "
+            f"({prompt}) + algorithm.sampling_params.max_new_tokens ({response}) = {prompt + response} tokens; "
+            "raise it, or set null for micro-batches of actor.micro_batch_size rows"
         )
 
 
@@ -241,6 +253,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_placement,
     check_actor_data_parallel,
     check_batch_sizes,
+    check_micro_batch_tokens,
     check_sglang_parallelism,
     check_megatron_settings,
     check_data,

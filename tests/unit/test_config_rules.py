@@ -112,6 +112,12 @@ CASES = [
     ),
     ("check_batch_sizes", TINY, ["data.rollout_batch_size=0"], "data.rollout_batch_size must be >= 1"),
     (
+        "check_micro_batch_tokens",
+        TINY,
+        ["actor.max_tokens_per_micro_batch=127"],
+        "actor.max_tokens_per_micro_batch: 127 < the longest possible row",
+    ),
+    (
         "check_sglang_parallelism",
         MOONLIGHT,
         ["cluster.num_nodes=2", "rollout.tensor_parallel_size=16"],

@@ -41,6 +41,8 @@ from rlinf.workers.actor.policy_update import (
     SkipCounter,
     UpdateSettings,
     dp_slice,
+    logprobs_in_row_order,
+    micro_batch_rows,
     run_policy_update,
 )
 from rlinf.workers.actor.torch_actor import lr_multiplier
@@ -221,12 +223,9 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         mine = batch.select(rows) if self.dp.size > 1 else batch
         for chunk in self.model:
             chunk.eval()
-        width = mine.response_ids.shape[1]
-        parts = [torch.zeros(0, width)]
-        for micro in mine.split(self.cfg.actor.micro_batch_size):
-            logprobs, _ = self._logprobs(self.model[0], micro.trimmed())
-            parts.append(torch.nn.functional.pad(logprobs.float().cpu(), (0, width - logprobs.shape[1])))
-        return replace(mine, old_logprobs=torch.cat(parts), ref_logprobs=None)
+        plan = micro_batch_rows(self, mine, self.settings)
+        old = logprobs_in_row_order(mine, plan, lambda micro: self._logprobs(self.model[0], micro)[0])
+        return replace(mine, old_logprobs=old, ref_logprobs=None)
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
 

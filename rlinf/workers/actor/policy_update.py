@@ -8,7 +8,7 @@ and the loop takes this rank's rows itself:
     for each minibatch of actor.global_batch_size rows:
         rows of this DP rank: the minibatch's slice `dp_slice(gbs, dp.rank, dp.size)`
         LossNormalizer from GLOBAL token / sequence counts (all-reduced over DP)
-        zero_grad; forward_backward(micro-batches of actor.micro_batch_size, loss_fn)
+        zero_grad; forward_backward(micro-batches, loss_fn)   (see `micro_batch_rows`)
         metrics: per-rank sums of contributions, all-reduced (sum; `_max` names: max)
         early stop  <- all-reduced actor/ratio_mean          (every rank takes the same branch)
         grad_norm = clip_grad_norm(clip_grad)                (global norm)
@@ -17,6 +17,11 @@ and the loop takes this rank's rows itself:
 
 Because the global minibatch is cut from the shuffled batch before the DP split, the rows of every
 optimizer step do not depend on the number of ranks: N ranks compute the same update as one.
+
+Micro-batches are consecutive runs of actor.micro_batch_size rows, or, with
+actor.max_tokens_per_micro_batch, groups of rows of similar length whose padded size stays within
+that many tokens (rlinf.workers.actor.micro_batches), as many on every DP rank (the largest count
+any rank needs, all-reduced), because each forward runs tensor- and expert-parallel collectives.
 
 Loss scaling. Each micro-batch loss is its contribution (sum over its tokens / GLOBAL count, see
 rlinf.algorithms.aggregation), so the minibatch gradient is the SUM of all contributions over
@@ -50,6 +55,7 @@ import torch
 from rlinf.algorithms import LossNormalizer, compute_policy_loss, reduce_metrics, should_early_stop
 from rlinf.config.schema import AlgorithmConfig, Config
 from rlinf.data.batch import RolloutBatch
+from rlinf.workers.actor.micro_batches import RowLength, min_micro_batches, plan_micro_batches
 
 
 class TrainingDivergedError(RuntimeError):
@@ -79,6 +85,7 @@ class UpdateSettings:
     clip_grad: float
     seed: int
     max_consecutive_skips: int
+    max_tokens_per_micro_batch: int | None = None  # padded tokens per forward; None: micro_batch_size rows
 
     @classmethod
     def from_config(cls, cfg: Config) -> UpdateSettings:
@@ -89,6 +96,7 @@ class UpdateSettings:
             clip_grad=cfg.actor.optim.clip_grad,
             seed=cfg.runner.seed,
             max_consecutive_skips=cfg.runner.max_consecutive_skips,
+            max_tokens_per_micro_batch=cfg.actor.max_tokens_per_micro_batch,
         )
 
 
@@ -183,7 +191,7 @@ def run_policy_update(
     per_minibatch, early_stopped, skipped = [], 0, 0
     for minibatch in shuffled.split(gbs):
         local = minibatch.select(list(range(len(minibatch)))[dp_slice(len(minibatch), dp.rank, dp.size)])
-        micros = [m.trimmed() for m in local.split(settings.micro_batch_size)]
+        micros = [local.select(rows).trimmed() for rows in micro_batch_rows(backend, local, settings)]
         normalizer = LossNormalizer.from_masks(
             [m.response_mask for m in micros], all_reduce_sum=lambda t: backend.all_reduce(t, "sum")
         )
@@ -217,6 +225,38 @@ def run_policy_update(
         }
     )
     return summary
+
+
+def micro_batch_rows(
+    backend: PolicyUpdateBackend, batch: RolloutBatch, settings: UpdateSettings
+) -> list[list[int]]:
+    """The rows of `batch` (this rank's) in each micro-batch. Collective with a token budget: every
+    DP rank must call it, and every rank gets the same number of micro-batches."""
+    budget = settings.max_tokens_per_micro_batch
+    if budget is None:
+        size = settings.micro_batch_size
+        return [list(range(start, min(start + size, len(batch)))) for start in range(0, len(batch), size)]
+    lengths = [
+        RowLength(int(p), int(r))
+        for p, r in zip(batch.prompt_mask.sum(1).tolist(), batch.response_mask.sum(1).tolist(), strict=True)
+    ]
+    needed = torch.tensor([min_micro_batches(lengths, budget)], dtype=torch.long)
+    return plan_micro_batches(lengths, budget, int(backend.all_reduce(needed, "max").item()))
+
+
+def logprobs_in_row_order(
+    batch: RolloutBatch,
+    plan: Sequence[Sequence[int]],
+    forward: Callable[[RolloutBatch], torch.Tensor],
+) -> torch.Tensor:
+    """`forward(trimmed micro-batch) -> [b, r]` over the micro-batches of `plan`, each written back
+    at its rows: [len(batch), R] float32 on the CPU in the batch's own row order, 0 beyond a
+    micro-batch's trimmed width."""
+    out = torch.zeros(len(batch), batch.response_ids.shape[1])
+    for rows in plan:
+        values = forward(batch.select(list(rows)).trimmed())
+        out[list(rows), : values.shape[1]] = values.float().cpu()
+    return out
 
 
 def _loss_fn(backend: PolicyUpdateBackend, algorithm: AlgorithmConfig, normalizer: LossNormalizer) -> LossFn:

@@ -28,6 +28,8 @@ from rlinf.workers.actor.policy_update import (
     TrainingDivergedError,
     UpdateSettings,
     dp_slice,
+    logprobs_in_row_order,
+    micro_batch_rows,
     run_policy_update,
 )
 from rlinf.workers.common import configure_threads, cpu_weights, load_policy, worker_device
@@ -122,21 +124,17 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         )
 
     @torch.no_grad()
-    def _recompute(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    def _recompute(self, model: torch.nn.Module, batch: RolloutBatch, plan: list[list[int]]) -> torch.Tensor:
         model.eval()
-        width = batch.response_ids.shape[1]
-        chunks = [torch.zeros(0, width)]
-        for micro in batch.split(self.cfg.actor.micro_batch_size):
-            logprobs, _ = self._logprobs(model, micro)
-            chunks.append(torch.nn.functional.pad(logprobs.float().cpu(), (0, width - logprobs.shape[1])))
-        return torch.cat(chunks)
+        return logprobs_in_row_order(batch, plan, lambda micro: self._logprobs(model, micro)[0])
 
     def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         """old_logprobs (and ref_logprobs) for this DP rank's rows `dp_slice(len(batch), rank, size)`."""
         rows = list(range(len(batch)))[dp_slice(len(batch), self.dp.rank, self.dp.size)]
         mine = batch.select(rows) if self.dp.size > 1 else batch
-        old = self._recompute(self.model, mine)
-        ref = self._recompute(self.reference, mine) if self.reference is not None else None
+        plan = micro_batch_rows(self, mine, self.settings)
+        old = self._recompute(self.model, mine, plan)
+        ref = self._recompute(self.reference, mine, plan) if self.reference is not None else None
         return replace(mine, old_logprobs=old, ref_logprobs=ref)
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
