@@ -58,6 +58,10 @@ case "${1:-}" in
     timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     if [ "$1" = engine+bench ]; then
+      # What else holds the GPU / host before the decode figures (the torch rollout ran 3-7x slower
+      # after the engine tests than in a call of its own; docs/benchmarks.md)
+      { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; uptime; } 2>&1 |
+        tee "$OUT/before_decode.txt"
       timeout 240 python3 benchmarks/rollout_decode.py --backends sglang,torch,generate --batches 64,256 \
         --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" \
         --sglang-profile /tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
