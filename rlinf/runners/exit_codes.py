@@ -6,6 +6,7 @@ from __future__ import annotations
 # Imports nothing: the configuration reference renders TABLE.
 OK = 0
 RUN_FAILED = 1  # a worker failed or died during the run; the message names the last good checkpoint
+# (bad input a worker finds itself, e.g. a corrupt shard only the actor reads, exits with its own code)
 CONFIG = 2  # the recipe or an override: unknown key, wrong type, a cross-field rule, an ignored key
 BACKEND = 3  # the recipe's backend is not installed (or not shipped) on this machine
 DATA = 4  # a data file, a record, or prompts that cannot form a batch (e.g. all too long)

@@ -87,6 +87,13 @@ def with_resolved_model_paths(cfg, resolve):
     )
 
 
+def worker_failure_code(err: Exception) -> int:
+    """A worker's failure exits RUN_FAILED, unless it was bad input found inside the worker (e.g. a
+    checkpoint shard only the actor reads): then the code of that input's class, as on the driver."""
+    kind = _classify(err.__cause__) if err.__cause__ is not None else None
+    return kind[0] if kind else exit_codes.RUN_FAILED
+
+
 def describe_failure(err: Exception, last_good: Path | None) -> str:
     return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
 
@@ -144,7 +151,7 @@ def _run(cfg) -> int:
         last = runner.run()
     except WorkerError as err:
         print(describe_failure(err, runner.checkpointer.last_saved if runner else None), file=sys.stderr)
-        return exit_codes.RUN_FAILED
+        return worker_failure_code(err)
     finally:
         metrics.close()
         if roles is not None:
