@@ -157,7 +157,8 @@ class ActorConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # doc: model and parallelism
     optim: OptimConfig = field(default_factory=OptimConfig)  # doc: optimizer
     lr_sched: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)  # doc: LR schedule
-    offload_between_phases: bool = False  # doc: colocated: move weights/optimizer off GPU during rollout
+    # doc: colocated: move weights/optimizer off GPU during rollout; auto: offload in step 1, then keep the actor resident if the measured rollout peak plus what the offload freed fits the GPU
+    offload_between_phases: bool | Literal["auto"] = False
     num_threads: int | None = None  # doc: torch CPU threads per actor worker; null = torch default
     # doc: torch backend: data-parallel actor workers (DDP; gloo on CPU, NCCL with one per placed GPU)
     num_workers: int = 1

@@ -11,6 +11,13 @@
 
 Each transition is logged and timed; where CUDA is present the GPU memory in use after it is
 recorded as memory/<transition>_gib (the fullest GPU of the actor's ranks, all processes counted).
+
+`actor.offload_between_phases: auto` offloads in step 1 and measures: the GPU in use with the engine
+back up and the actor offloaded, plus what the offload freed, is the rollout's peak with a resident
+actor. If that peak leaves AUTO_HEADROOM of the GPU free, later steps keep the actor resident (on one
+H200 the offload and onload took a third of a step on the Moonlight slice, docs/benchmarks.md);
+otherwise they keep offloading. The decision is logged and reported once as
+memory/auto_resident_peak_gib and actor/offload_between_phases (1 offloading, 0 resident).
 Disaggregated and CPU placements (`roles.colocated` false) skip the transitions: only the weight
 sync runs.
 """
@@ -25,13 +32,15 @@ from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import PhaseTimer
 
 logger = logging.getLogger(__name__)
+AUTO_HEADROOM = 0.05  # share of the GPU left free above the measured peak (activations, fragmentation)
 
 
 class ColocatedMemory:
-    def __init__(self, roles: Roles, *, offload_actor: bool, timer: PhaseTimer) -> None:
+    def __init__(self, roles: Roles, *, offload_actor: bool | str, timer: PhaseTimer) -> None:
         self.roles = roles
         self.active = roles.colocated
-        self.offload_actor = offload_actor
+        self.deciding = offload_actor == "auto"  # step 1 offloads and measures
+        self.offload_actor = bool(offload_actor)
         self.timer = timer
         self.memory: dict[str, float] = {}
 
@@ -60,6 +69,30 @@ class ColocatedMemory:
         self._transition(
             "rollout_resume_kv_cache", lambda: self.roles.rollout.wake(["kv_cache", "cuda_graph"])
         )
+        if self.deciding:
+            self._decide_offload()
+
+    def _decide_offload(self) -> None:
+        """auto: after the first offloaded step, keep the actor resident if it would fit."""
+        self.deciding = False
+        m = self.memory
+        engine_up = m.get("memory/rollout_resume_kv_cache_gib")
+        before, after = m.get("memory/weight_sync_gib"), m.get("memory/actor_offload_gib")
+        freed = m.get("actor/offload_freed_gib", None if before is None or after is None else before - after)
+        total = self.roles.actor.device_memory_total_gib()
+        if engine_up is None or freed is None or total is None:
+            logger.info("offload_between_phases auto: no GPU memory readings, keeps offloading")
+            return
+        peak = engine_up + freed
+        self.offload_actor = peak > total * (1 - AUTO_HEADROOM)
+        m["memory/auto_resident_peak_gib"] = peak
+        m["actor/offload_between_phases"] = float(self.offload_actor)
+        logger.info(
+            "offload_between_phases auto: resident peak %.2f GiB (engine up %.2f + actor %.2f) of %.2f GiB "
+            "with %.0f%% headroom -> %s",
+            peak, engine_up, freed, total, 100 * AUTO_HEADROOM,
+            "keeps offloading" if self.offload_actor else "actor stays resident from the next step",
+        )  # fmt: skip
 
     def pop_metrics(self) -> dict[str, float]:
         memory, self.memory = self.memory, {}

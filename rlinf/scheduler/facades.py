@@ -83,6 +83,11 @@ class GroupFacade:
         used = [u for u in self.group.device_memory_used_gib() if u is not None]
         return max(used) if used else None
 
+    def device_memory_total_gib(self) -> float | None:
+        """The smallest GPU among this group's ranks; None without CUDA."""
+        totals = [t for t in self.group.device_memory_total_gib() if t is not None]
+        return min(totals) if totals else None
+
 
 class ActorGroup(GroupFacade):
     def __init__(self, group: WorkerGroup) -> None:

@@ -115,6 +115,12 @@ class WorkerHost:
         free, total = torch.cuda.mem_get_info()
         return (total - free) / 2**30
 
+    def device_memory_total_gib(self) -> float | None:
+        """This rank's GPU memory in all; None on CPU."""
+        import torch
+
+        return torch.cuda.mem_get_info()[1] / 2**30 if torch.cuda.is_available() else None
+
 
 class WorkerGroup:
     def __init__(
@@ -196,6 +202,9 @@ class WorkerGroup:
 
     def device_memory_used_gib(self) -> list[float | None]:
         return self._get([h.device_memory_used_gib.remote() for h in self.handles])
+
+    def device_memory_total_gib(self) -> list[float | None]:
+        return self._get([h.device_memory_total_gib.remote() for h in self.handles])
 
     def get(self, refs: list) -> list:
         """Results of refs from call_async (in rank order), with this group's failure handling."""

@@ -1,0 +1,97 @@
+"""rlinf.runners.colocation.ColocatedMemory: the colocated transition order, and
+actor.offload_between_phases=auto deciding from step 1's memory readings whether later steps keep the
+actor resident. A fake GPU books what each side holds; the readings are whole-GPU, like NVML's."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from rlinf.runners.colocation import ColocatedMemory
+from rlinf.utils.metrics import PhaseTimer
+
+
+class FakeGPU:
+    def __init__(self, total: float, actor: float, engine: float, base: float = 2.0) -> None:
+        self.total, self.actor_size, self.engine_size, self.base = total, actor, engine, base
+        self.actor_on, self.engine_on = True, True
+        self.calls: list[str] = []
+
+    def used(self) -> float:
+        return self.base + self.actor_size * self.actor_on + self.engine_size * self.engine_on
+
+
+def roles_on(gpu: FakeGPU):
+    def call(name, action=None):
+        def run(*_args):
+            gpu.calls.append(name)
+            if action:
+                action()
+
+        return run
+
+    actor = SimpleNamespace(
+        offload=call("actor.offload", lambda: setattr(gpu, "actor_on", False)),
+        onload=call("actor.onload", lambda: setattr(gpu, "actor_on", True)),
+        device_memory_used_gib=gpu.used,
+        device_memory_total_gib=lambda: gpu.total,
+    )
+    rollout = SimpleNamespace(
+        sleep=call("rollout.sleep", lambda: setattr(gpu, "engine_on", False)),
+        wake=lambda tags=None: (gpu.calls.append(f"rollout.wake{tags}"), setattr(gpu, "engine_on", True)),
+    )
+    return SimpleNamespace(actor=actor, rollout=rollout, colocated=True)
+
+
+def step(memory: ColocatedMemory, gpu: FakeGPU) -> dict:
+    gpu.calls.append("generate")
+    memory.before_actor()
+    gpu.calls.append("train")
+    memory.sync_and_resume(lambda: gpu.calls.append("sync"))
+    return memory.pop_metrics()
+
+
+def run(gpu: FakeGPU, mode, steps: int = 3) -> list[dict]:
+    memory = ColocatedMemory(roles_on(gpu), offload_actor=mode, timer=PhaseTimer())
+    memory.start()
+    return [step(memory, gpu) for _ in range(steps)]
+
+
+def test_offload_true_keeps_the_documented_order_every_step():
+    gpu = FakeGPU(total=140, actor=45, engine=70)
+    run(gpu, True, steps=1)
+    assert gpu.calls == [
+        "actor.offload", "generate", "rollout.sleep", "actor.onload", "train",
+        "rollout.wake['weights']", "sync", "actor.offload", "rollout.wake['kv_cache', 'cuda_graph']",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("actor", "engine", "resident"),
+    [
+        (45, 70, True),  # 2 + 70 + 45 = 117 <= 133 (95% of 140): later steps keep the actor
+        (62, 70, False),  # 134 fits 140 but not with the 5% headroom (133)
+        (45, 100, False),  # 147 > 140
+    ],
+)
+def test_auto_offloads_in_step_1_and_then_decides_from_the_readings(actor, engine, resident):
+    gpu = FakeGPU(total=140, actor=actor, engine=engine)
+    metrics = run(gpu, "auto")
+    assert gpu.calls.count("actor.offload") == (2 if resident else 4)  # start + step 1, or every step
+    assert metrics[0]["memory/auto_resident_peak_gib"] == pytest.approx(2 + engine + actor)
+    assert metrics[0]["actor/offload_between_phases"] == float(not resident)
+    assert all("memory/auto_resident_peak_gib" not in m for m in metrics[1:])  # decided once
+    # resident: from step 2 the actor stays on the GPU through the rollout (no offload transition)
+    assert "memory/actor_offload_gib" in metrics[0]
+    assert ["memory/actor_offload_gib" in m for m in metrics[1:]] == [not resident] * 2
+
+
+def test_auto_without_gpu_readings_keeps_offloading():
+    gpu = FakeGPU(total=140, actor=45, engine=70)
+    roles = roles_on(gpu)
+    roles.actor.device_memory_used_gib = lambda: None
+    roles.actor.device_memory_total_gib = lambda: None
+    memory = ColocatedMemory(roles, offload_actor="auto", timer=PhaseTimer())
+    memory.start()
+    for _ in range(2):
+        step(memory, gpu)
+    assert gpu.calls.count("actor.offload") == 3
