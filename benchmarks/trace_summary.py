@@ -49,7 +49,8 @@ def busy_time(intervals: list[tuple[float, float, str]]) -> float:
 
 
 def short_name(name: str, width: int = 90) -> str:
-    name = name.split("(")[0] if not name.startswith("void ") else name[5:].split("(")[0]
+    """A kernel's name without its return type and argument list (template arguments kept)."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "").split("(")[0]
     return name if len(name) <= width else name[: width - 3] + "..."
 
 

@@ -36,6 +36,13 @@ def test_busy_idle_and_ranking_per_step():
     assert top["share_of_kernel_time"] == pytest.approx(800 / 1100, abs=1e-4)
 
 
+def test_kernel_names_lose_return_type_and_arguments_not_their_identity():
+    softmax = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, int)"
+    copy = "void at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+    names = [k["name"] for k in summarize([kernel(softmax, 0, 2), kernel(copy, 5, 1)])["top_kernels"]]
+    assert names == ["at::native::cunn_SoftMaxForward<4, float>", "at::native::direct_copy_kernel_cuda"]
+
+
 def test_gzip_trace_round_trip_and_no_kernels(tmp_path):
     path = tmp_path / "x-DECODE.trace.json.gz"
     with gzip.open(path, "wt") as f:
