@@ -120,6 +120,8 @@ class ModelConfig:
     recompute_granularity: str | None = None  # doc: megatron activation recompute: null, selective, full
     recompute_modules: tuple[str, ...] = ()  # doc: modules recomputed with selective granularity
     moe_router_bias_update_rate: float = 0.0  # doc: 0 freezes the routing bias during RL
+    # doc: without Transformer Engine: routed experts as grouped GEMMs (rlinf's module) instead of megatron's per-expert loop; not yet run on a GPU, so off by default (with TE megatron's grouped GEMM is always on)
+    moe_grouped_gemm: bool = False
 
 
 @dataclass(frozen=True)

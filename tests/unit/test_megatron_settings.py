@@ -1,5 +1,6 @@
 """Recipe -> Megatron settings (rlinf.models.megatron.settings): pure translation, no megatron needed."""
 
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,6 +61,46 @@ def test_without_transformer_engine_fusions_are_off_and_the_precision_aware_opti
     # megatron-core refuses moe_act recompute without grouped GEMM (seen on the H200): dropped, said
     assert p["recompute_granularity"] == "selective" and p["recompute_modules"] == ["core_attn"]
     assert len(s.warnings) == 2 and "FusedAdam" in s.warnings[1] and "moe_act" in s.warnings[0]
+
+
+def test_moe_grouped_gemm_selects_rlinf_grouped_experts_only_without_transformer_engine():
+    recipe = moonlight_actor()
+    assert not recipe.model.moe_grouped_gemm  # off by default: not yet run on a GPU
+    assert not translate(recipe, te_available=False).grouped_experts
+    actor = replace(recipe, model=replace(recipe.model, moe_grouped_gemm=True))
+    without_te = translate(actor, te_available=False)
+    # the spec swaps the experts; megatron's own flag (TE grouped GEMM) stays off
+    assert without_te.grouped_experts and not without_te.provider["moe_grouped_gemm"]
+    # rlinf's grouped experts do not recompute moe_act either: still dropped, with the warning
+    assert without_te.provider["recompute_modules"] == ["core_attn"]
+    with_te = translate(actor, te_available=True)  # TE: megatron's TEGroupedMLP, as without the key
+    assert with_te.provider["moe_grouped_gemm"] and not with_te.grouped_experts
+    assert translate(recipe, te_available=True).provider["moe_grouped_gemm"]
+
+
+def test_grouped_experts_without_transformer_engine_refuse_expert_tensor_parallelism():
+    actor = ActorConfig(model=ModelConfig(moe_grouped_gemm=True, expert_tensor_parallel_size=2))
+    with pytest.raises(MegatronSettingsError, match="moe_grouped_gemm.*expert_tensor_parallel_size = 2"):
+        translate(actor, te_available=False)
+    assert translate(actor, te_available=True).provider["expert_tensor_parallel_size"] == 2
+
+
+@pytest.mark.parametrize(("written", "now"), [(None, True), (False, True), (True, False)])
+def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(tmp_path, written, now):
+    """The distributed optimizer's flat state follows the experts' parameter order (SequentialMLP's
+    and the grouped experts' differ); `written` None: a checkpoint from before the key existed."""
+    import torch
+
+    from rlinf.utils.checkpoint import CheckpointError
+    from rlinf.workers.actor.megatron_actor import LOOP_STATE_FILE, MegatronActor
+
+    loop = {"optimizer_steps": 3} | ({} if written is None else {"grouped_experts": written})
+    torch.save(loop, tmp_path / LOOP_STATE_FILE)
+    actor = types.SimpleNamespace(megatron_settings=types.SimpleNamespace(grouped_experts=now))
+    with pytest.raises(CheckpointError, match="moe_grouped_gemm"):
+        MegatronActor._check_same_experts(actor, tmp_path)
+    actor.megatron_settings.grouped_experts = bool(written)
+    MegatronActor._check_same_experts(actor, tmp_path)
 
 
 def test_recompute_full_uses_uniform_single_layer_checkpoints():

@@ -10,6 +10,7 @@ REPLACES that hook and the model keeps its random init; never pass one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -59,6 +60,8 @@ def provider_for(
     if not te_available:
         from rlinf.models.megatron.spec import te_free_block_spec
 
-        provider.transformer_layer_spec = te_free_block_spec
+        provider.transformer_layer_spec = functools.partial(
+            te_free_block_spec, grouped_experts=settings.grouped_experts
+        )
     provider.finalize()
     return bridge, provider

@@ -8,8 +8,10 @@ OptimizerConfig from `ddp` and `optimizer` (dtype values are torch dtype NAMES, 
 What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.2):
 - MoE: aux loss 0 and no load-balancing loss (the reward is the only objective), routing-bias
   update rate from the recipe (0 for RL: the rollout engine routes with the frozen bias too),
-  router in fp32, the alltoall dispatcher; grouped GEMM only with Transformer Engine (the local
-  backend has SequentialMLP experts only).
+  router in fp32, the alltoall dispatcher; megatron's grouped GEMM (TEGroupedMLP) whenever
+  Transformer Engine is there. Without TE megatron's local backend has SequentialMLP experts only;
+  `actor.model.moe_grouped_gemm` then selects rlinf's grouped-GEMM experts in the TE-free spec
+  (`MegatronSettings.grouped_experts`, rlinf.models.megatron.grouped_experts).
 - No MTP layers (RL neither runs nor trains them).
 - `gradient_accumulation_fusion` off: megatron's output layer then needs apex's
   fused_weight_gradient_mlp_cuda, which the GPU stack does not ship.
@@ -49,6 +51,7 @@ class MegatronSettings:
     provider: dict[str, Any]  # attribute -> value on the bridge's model provider
     ddp: dict[str, Any]  # DistributedDataParallelConfig keyword arguments
     optimizer: dict[str, Any]  # OptimizerConfig keyword arguments
+    grouped_experts: bool = False  # TE-free spec: routed experts as GroupedGemmExperts, not SequentialMLP
     warnings: tuple[str, ...] = field(default=())  # what was changed from the recipe and why
 
 
@@ -115,6 +118,12 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
         problems.append(
             f"actor.model.moe_token_dispatcher_type: {m.moe_token_dispatcher_type!r}; alltoall or allgather "
             "(flex needs DeepEP / HybridEP)"
+        )
+    if m.moe_grouped_gemm and not te_available and m.expert_tensor_parallel_size != 1:
+        problems.append(
+            "actor.model.moe_grouped_gemm: without Transformer Engine the grouped-GEMM experts have no "
+            f"expert tensor parallelism (expert_tensor_parallel_size = {m.expert_tensor_parallel_size}); "
+            "use 1, or moe_grouped_gemm: false"
         )
     if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
         problems.append(
@@ -228,4 +237,10 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
     }
     if fp16:
         optimizer.update({"loss_scale": None, "initial_loss_scale": 2.0**16})
-    return MegatronSettings(provider=provider, ddp=ddp, optimizer=optimizer, warnings=tuple(warnings))
+    return MegatronSettings(
+        provider=provider,
+        ddp=ddp,
+        optimizer=optimizer,
+        grouped_experts=m.moe_grouped_gemm and not te_available,
+        warnings=tuple(warnings),
+    )

@@ -13,9 +13,10 @@ megatron-core 0.19.2's local (TE-free) GPT spec cannot build MLA (seen on an H20
    grad all-reduce.
 
 `te_free_block_spec(config)` is megatron-core's own decoder block spec (dense first layer, MoE
-layers with routed experts as SequentialMLP and shared experts) with those pieces swapped in. The
-actor uses it only when the real Transformer Engine is not importable; with TE the bridge's own
-TE spec is kept.
+layers with routed experts as SequentialMLP and shared experts) with those pieces swapped in;
+`grouped_experts=True` also replaces SequentialMLP by rlinf's grouped-GEMM experts
+(rlinf.models.megatron.grouped_experts). The actor uses it only when the real Transformer Engine is
+not importable; with TE the bridge's own TE spec is kept.
 
 Limits of the TE-free attention: no packed (THD) sequences and no context parallelism. The actor
 feeds right-padded sequences, so the causal mask alone keeps real tokens from seeing padding.
@@ -24,14 +25,19 @@ feeds right-padded sequences, so the causal mask alone keeps real tokens from se
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 
 import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
+
+from rlinf.models.megatron.grouped_experts import GroupedGemmExperts
 
 
 class RMSNorm(torch.nn.Module):
@@ -141,12 +147,14 @@ class LocalMLASelfAttention(MLASelfAttention):
         }
 
 
-def te_free_block_spec(config, vp_stage: int | None = None):
-    """megatron-core's local decoder block spec with the TE-free MLA pieces above."""
+def te_free_block_spec(config, vp_stage: int | None = None, *, grouped_experts: bool = False):
+    """megatron-core's local decoder block spec with the TE-free MLA pieces above; with
+    `grouped_experts`, the MoE layers' routed experts are GroupedGemmExperts."""
     block = get_gpt_decoder_block_spec(
         config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
     )
     layer_specs = []
+    grouped_layers = 0
     for layer_spec in block.layer_specs:
         layer_spec = copy.deepcopy(layer_spec)
         sub = layer_spec.submodules
@@ -159,7 +167,21 @@ def te_free_block_spec(config, vp_stage: int | None = None):
         attention.submodules.core_attention = SDPACoreAttention
         attention.submodules.q_layernorm = IdentityOp
         attention.submodules.kv_layernorm = IdentityOp  # resolved by LocalMLASelfAttention
+        if grouped_experts and (moe := _with_grouped_experts(sub.mlp)) is not None:
+            sub.mlp = moe
+            grouped_layers += 1
         layer_specs.append(layer_spec)
+    if grouped_experts and config.num_moe_experts and not grouped_layers:
+        raise ValueError("te_free_block_spec: no MoE layer found to give grouped-GEMM experts")
     block.layer_specs = layer_specs
     block.layer_norm = RMSNorm
     return block
+
+
+def _with_grouped_experts(mlp):
+    """megatron-core's MoE layer builder, `partial(MoELayer, submodules=...)`, with the routed
+    experts replaced by GroupedGemmExperts; None for any other MLP builder (a dense layer's)."""
+    if not (isinstance(mlp, functools.partial) and mlp.func is MoELayer):
+        return None
+    submodules = dataclasses.replace(mlp.keywords["submodules"], experts=GroupedGemmExperts)
+    return functools.partial(MoELayer, *mlp.args, **{**mlp.keywords, "submodules": submodules})

@@ -424,6 +424,17 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         with self._resident():
             self._load(directory)
 
+    def _check_same_experts(self, path: Path) -> None:
+        """The distributed optimizer's state is saved as flat buffers in parameter order, which
+        differs between SequentialMLP and the grouped-GEMM experts: loading across a change of
+        `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights, silently."""
+        written = torch.load(path / LOOP_STATE_FILE, weights_only=False).get("grouped_experts", False)
+        if written != self.megatron_settings.grouped_experts:
+            raise CheckpointError(
+                f"{path}: written with the grouped-GEMM experts {'on' if written else 'off'} "
+                "(actor.model.moe_grouped_gemm without Transformer Engine); resume with the same setting"
+            )
+
     def _save(self, directory: str) -> None:
         """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
         import torch.distributed as dist
@@ -446,6 +457,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             loop = {
                 "optimizer_steps": self.optimizer_steps,
                 "skips": (self.skips.consecutive, self.skips.total),
+                "grouped_experts": self.megatron_settings.grouped_experts,
             }
             torch.save(loop, path / LOOP_STATE_FILE)
         dist.barrier()
@@ -460,6 +472,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             if not needed.exists():
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
+            self._check_same_experts(path)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
             # The optimizer copies into main params that require grad (fp32: the model's own).
             with torch.no_grad():

@@ -1,0 +1,254 @@
+"""Routed MoE experts as grouped GEMMs without Transformer Engine: a drop-in for megatron-core's
+`SequentialMLP` in the TE-free spec (`te_free_block_spec(..., grouped_experts=True)`).
+
+Why: without TE, megatron-core 0.19.2 builds the routed experts as `SequentialMLP`, a Python loop
+over the local experts (64 on one GPU for Moonlight) with several kernels each; on the H200 that
+left the GPU idle most of a train call (host-bound). Here each projection of all local experts is
+one `torch.nn.functional.grouped_mm` call on CUDA, with the expert boundaries given by offsets
+(the cumulative `tokens_per_expert`); megatron's `TEGroupedMLP` does the same with TE.
+
+Contract (megatron-core's MoELayer): built as `GroupedGemmExperts(num_local_experts, config,
+pg_collection=..., name=...)`, called as `experts(permuted_hidden, tokens_per_expert,
+permuted_probs)` with the tokens sorted by local expert; returns `(output, None)`. The maths is
+SequentialMLP's: fc1 -> SwiGLU (or the configured activation) -> times the routing probability
+(after the activation, or on the input with `moe_apply_probs_on_input`) -> fc2, no biases.
+
+Parameters: `linear_fc1.weight{i}` [2 x moe_ffn, hidden] ([gate; up] for a gated unit) and
+`linear_fc2.weight{i}` [hidden, moe_ffn], one per local expert i: the names and layout of
+TEGroupedMLP's, which Megatron-Bridge's DeepSeek-V3 mapping converts (`experts.linear_fc1.weight*`,
+`experts.linear_fc2.weight*`; the bridge turns local expert numbers into global ones under EP).
+They carry the attributes megatron's expert layers set (`allreduce=False` under expert
+parallelism, so DDP puts them in the expert-parallel buffers; tensor-parallel partition dims).
+Their distributed-checkpoint keys and layout (`sharded_state_dict`) are SequentialMLP's, so its
+saved weights load into these (not back: SequentialMLP also asks for an empty `_extra_state` per
+expert linear). The actor's checkpoints also hold the distributed optimizer's state as flat
+buffers in parameter order, which differs between the two, so the actor refuses to resume across a
+change of the setting (megatron_actor.py).
+
+Memory: grouped_mm takes one [experts, out, in] tensor, so each forward stacks the per-expert
+weights (a copy: 2 x 3 x hidden x moe_ffn bytes per expert and layer in bf16, about 17 MB for
+Moonlight). Under autograd the stacks live until backward: about 1.1 GB per MoE layer with all 64
+Moonlight experts on one GPU, 138 MB per layer with 8 local experts (EP = 8).
+
+Not implemented (refused when configured): expert tensor parallelism (ETP > 1), FP8 / FP4, expert
+biases, latent MoE, interleaved GLU weights, delayed weight-gradient computation. Recompute of
+`moe_act` is not implemented either; the recipe translation drops it without TE (settings.py).
+
+Off CUDA the same maths runs as a loop over the experts (`_grouped_mm_runs_on` decides): torch's
+CPU grouped_mm is a loop too, and needs 16-byte aligned strides. The CPU tests run both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
+from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.utils import (
+    ensure_metadata_has_dp_cp_group,
+    make_sharded_tensors_for_checkpoint,
+)
+from megatron.core.utils import get_pg_rank, get_pg_size
+
+
+def _grouped_mm_runs_on(x: torch.Tensor) -> bool:
+    # An EP rank can receive no token at all; the loop handles that without an empty grouped GEMM.
+    return x.is_cuda and x.shape[0] > 0
+
+
+def _unsupported(config, expert_tp_size: int) -> list[str]:
+    """What in `config` these experts cannot do (empty when they can run it)."""
+    problems = []
+    if expert_tp_size > 1:
+        problems.append(f"expert tensor parallelism (expert_tensor_parallel_size = {expert_tp_size}; use 1)")
+    if config.fp8 or config.fp4:
+        problems.append("FP8 / FP4 (needs Transformer Engine)")
+    if config.add_bias_linear:
+        problems.append("expert biases (add_bias_linear)")
+    if config.moe_latent_size is not None:
+        problems.append("latent MoE (moe_latent_size)")
+    if config.gated_linear_unit and config.moe_mlp_glu_interleave_size is not None:
+        problems.append("interleaved GLU weights (moe_mlp_glu_interleave_size)")
+    if config.delay_wgrad_compute:
+        problems.append("delayed weight-gradient computation (delay_wgrad_compute)")
+    return problems
+
+
+class ExpertLinears(MegatronModule):
+    """One projection of every local expert: parameters `weight0..weight{n-1}`, each [out, in].
+
+    `tensor_model_parallel` / `partition_dim` say how the projection would split over expert TP
+    (fc1 by output rows, like a column-parallel linear; fc2 by input columns, like a row-parallel
+    one): Megatron-Bridge reads them on the module to pick its weight mapping.
+    """
+
+    tensor_model_parallel = True
+
+    def __init__(
+        self,
+        config,
+        num_local_experts: int,
+        input_size: int,
+        output_size: int,
+        *,
+        partition_dim: int,
+        init_method,
+        use_expert_pgs: bool,
+    ) -> None:
+        super().__init__(config=config)
+        self.num_local_experts = num_local_experts
+        self.partition_dim = partition_dim
+        device = _init_device(config)
+        for i in range(num_local_experts):
+            weight = torch.nn.Parameter(
+                torch.empty(output_size, input_size, dtype=config.params_dtype, device=device)
+            )
+            if config.perform_initialization:
+                _init_expert_weight(weight, init_method)
+            # As megatron's expert linears mark theirs (tensor_parallel/layers.py, TEGroupedLinear).
+            weight.allreduce = not use_expert_pgs
+            weight.tensor_model_parallel = True
+            weight.partition_dim = partition_dim
+            weight.partition_stride = 1
+            self.register_parameter(f"weight{i}", weight)
+
+    def weights(self) -> list[torch.Tensor]:
+        return [getattr(self, f"weight{i}") for i in range(self.num_local_experts)]
+
+
+def _init_device(config) -> torch.device:
+    if config.use_cpu_initialization or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _init_expert_weight(weight: torch.nn.Parameter, init_method) -> None:
+    if weight.is_cuda:
+        # Expert weights differ across EP ranks: megatron draws them from the expert RNG stream.
+        with get_cuda_rng_tracker().fork(get_expert_parallel_rng_tracker_name()):
+            init_method(weight)
+    else:
+        init_method(weight)
+
+
+class GroupedGemmExperts(MegatronModule):
+    """All local routed experts of a MoE layer, computed with grouped GEMMs (module docstring)."""
+
+    def __init__(self, num_local_experts: int, config, pg_collection=None, name: str | None = None) -> None:
+        super().__init__(config=config)
+        self.num_local_experts = num_local_experts
+        self.ep_group = pg_collection.ep
+        self.tp_group = pg_collection.expt_tp
+        self.dp_group = pg_collection.expt_dp
+        problems = _unsupported(config, get_pg_size(self.tp_group))
+        if problems:
+            raise ValueError(
+                "rlinf's grouped-GEMM experts (actor.model.moe_grouped_gemm without Transformer Engine) "
+                "do not support: " + "; ".join(problems)
+            )
+        ffn = config.moe_ffn_hidden_size
+        # The rule megatron's expert linears use: expert process groups (and buffers) under EP, or
+        # when ETP differs from TP.
+        use_expert_pgs = (
+            config.expert_model_parallel_size > 1
+            or config.expert_tensor_parallel_size != config.tensor_model_parallel_size
+        )
+        self.linear_fc1 = ExpertLinears(
+            config,
+            num_local_experts,
+            config.hidden_size,
+            2 * ffn if config.gated_linear_unit else ffn,
+            partition_dim=0,
+            init_method=config.init_method,
+            use_expert_pgs=use_expert_pgs,
+        )
+        self.linear_fc2 = ExpertLinears(
+            config,
+            num_local_experts,
+            ffn,
+            config.hidden_size,
+            partition_dim=1,
+            init_method=config.output_layer_init_method,
+            use_expert_pgs=use_expert_pgs,
+        )
+
+    def forward(
+        self,
+        permuted_local_hidden_states: torch.Tensor,
+        tokens_per_expert: torch.Tensor,
+        permuted_probs: torch.Tensor,
+    ) -> tuple[torch.Tensor, None]:
+        hidden = permuted_local_hidden_states
+        probs = permuted_probs.unsqueeze(-1)
+        if self.config.moe_apply_probs_on_input:
+            if self.config.moe_router_topk != 1:
+                raise ValueError("moe_apply_probs_on_input needs moe_router_topk = 1 (as in megatron-core)")
+            hidden = (probs * hidden).to(hidden.dtype)
+            probs = torch.ones_like(probs)
+        fc1 = _expert_linear(hidden, self.linear_fc1.weights(), tokens_per_expert)
+        intermediate = self._activation_times_probs(fc1, probs)
+        return _expert_linear(intermediate, self.linear_fc2.weights(), tokens_per_expert), None
+
+    def _activation_times_probs(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """The activation, then times each token's routing probability: megatron's MLP without TE."""
+        config = self.config
+        if config.bias_activation_fusion and config.gated_linear_unit and config.activation_func is F.silu:
+            return weighted_bias_swiglu_impl(x, None, probs, config.activation_func_fp8_input_store)
+        if config.gated_linear_unit:
+            gate, up = torch.chunk(x, 2, dim=-1)
+            if (limit := config.activation_func_clamp_value) is not None:
+                gate = gate.clamp(min=None, max=limit)
+                up = up.clamp(min=-limit, max=limit)
+            x = config.activation_func(gate) * (up + config.glu_linear_offset)
+        else:
+            x = config.activation_func(x)
+        return (x * probs).to(x.dtype)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """SequentialMLP's checkpoint keys and layout: expert i of this EP rank is global expert
+        `ep_rank * num_local_experts + i` along an extra axis (or its own key with
+        `singleton_local_shards`); the gated fc1 is stored as separate gate and up halves."""
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        singleton = metadata.get("singleton_local_shards", False)
+        num_global = get_pg_size(self.ep_group) * self.num_local_experts
+        first = get_pg_rank(self.ep_group) * self.num_local_experts
+        sharded = {}
+        for name in ("linear_fc1", "linear_fc2"):
+            linear: ExpertLinears = getattr(self, name)
+            for i, weight in enumerate(linear.weights()):
+                expert = first + i
+                if singleton:
+                    key_prefix, offsets = f"{prefix}experts.{expert}.{name}.", tuple(sharded_offsets)
+                else:
+                    key_prefix = f"{prefix}experts.{name}."
+                    offsets = (*sharded_offsets, (len(sharded_offsets), expert, num_global))
+                tensor = make_sharded_tensors_for_checkpoint(
+                    {"weight": weight},
+                    key_prefix,
+                    {"weight": linear.partition_dim},
+                    offsets,
+                    tp_group=self.tp_group,
+                    dp_cp_group=metadata["dp_cp_group"],
+                )[f"{key_prefix}weight"]
+                if name == "linear_fc1" and self.config.gated_linear_unit:
+                    tensor = apply_swiglu_sharded_factory(
+                        tensor, offsets, singleton, tp_group=self.tp_group, dp_group=metadata["dp_cp_group"]
+                    )
+                # Expert weights are replicated over expert data parallelism only.
+                tensor.replica_id = (*tensor.replica_id[:2], get_pg_rank(self.dp_group))
+                sharded[f"{prefix}{name}.weight{i}"] = tensor
+        return sharded
+
+
+def _expert_linear(
+    x: torch.Tensor, weights: list[torch.Tensor], tokens_per_expert: torch.Tensor
+) -> torch.Tensor:
+    """Rows of `x` grouped by expert (`tokens_per_expert[i]` rows for expert i) times expert i's
+    weight [out, in] transposed: one grouped GEMM on CUDA, a loop elsewhere."""
+    if _grouped_mm_runs_on(x):
+        offsets = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32).to(x.device, non_blocking=True)
+        return F.grouped_mm(x, torch.stack(weights).transpose(1, 2), offs=offsets)
+    rows = x.split(tokens_per_expert.tolist())
+    return torch.cat([F.linear(part, weight) for part, weight in zip(rows, weights, strict=True)])

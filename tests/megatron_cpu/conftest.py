@@ -1,0 +1,38 @@
+"""megatron-core on the CPU: one gloo process, world size 1, every parallel size 1.
+
+Needs megatron-core 0.19 and megatron-bridge 0.6 (Python >= 3.12, the agentic stack). Without them
+every test module here skips itself at import, with the reason, so the embedded CPU suite (Python
+3.11, no megatron) collects and skips this directory. Run: python -m pytest -q tests/megatron_cpu with the megatron stack's Python.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def model_parallel(tmp_path_factory):
+    """torch.distributed (gloo, one rank) and megatron's model-parallel groups, all of size 1."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from rlinf.models.megatron import te_placeholder
+
+    te_placeholder.install()  # before megatron-bridge is imported; a no-op where TE is real
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def cuda_device_is_cpu():
+    """megatron-core's rotary embeddings and checkpoint writer ask torch.cuda for the current device
+    (and synchronize it) even when everything is on the CPU: the device is "cpu", nothing to wait for."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "current_device", lambda: "cpu")
+        patch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        yield
