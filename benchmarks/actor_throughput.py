@@ -15,6 +15,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
         [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
+        [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
+                                   # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -116,6 +118,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H200 bf16 dense")
     parser.add_argument("--backends", default="torch,megatron")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--megatron-grouped-gemm", action="store_true", help="actor.model.moe_grouped_gemm")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
     if not list(Path(args.model).glob("tokenizer*")):
@@ -132,7 +135,9 @@ def main() -> None:
             micro_batch_size=args.micro_batch,
             global_batch_size=args.rows,  # one optimizer step per train call
             seq_length=args.prompt + args.response,
-            model=ModelConfig(model_path=args.model, precision=args.precision),
+            model=ModelConfig(
+                model_path=args.model, precision=args.precision, moe_grouped_gemm=args.megatron_grouped_gemm
+            ),
             optim=OptimConfig(lr=1e-7, weight_decay=0.0),
         ),
     )
@@ -147,6 +152,7 @@ def main() -> None:
         "precision": args.precision,
         "tokens_per_train_call": tokens,
         "micro_batch_size": args.micro_batch,
+        "megatron_moe_grouped_gemm": args.megatron_grouped_gemm,
         "model_tflop_per_call": flops / 1e12,
     }
     for backend in args.backends.split(","):

@@ -2,12 +2,15 @@
 # The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
 # carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|all]   (default: all)
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|grouped|all]   (default: all)
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
+#   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`):
+#          tests/gpu/test_megatron_grouped_experts.py, then the slice benchmark of the Megatron
+#          actor with SequentialMLP experts and with grouped-GEMM experts (profiled)
 #
 # .h10-pytest holds pytest wheels (the device image has none); .h9-tiny is a warm-started GPU-tiny
 # built on the CPU machine:
@@ -32,6 +35,12 @@ fi
 PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
 run() { echo "== $*"; "$@" || status=1; }
+slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
+bench() {  # extra benchmarks/actor_throughput.py arguments
+  [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
+  run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
+    --response 768 --steps 2 "$@" | tee -a "$RLINF_GPU_FIGURES"
+}
 
 mode=${1:-all}
 case "$mode" in
@@ -39,13 +48,13 @@ case "$mode" in
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
   actor|all) run timeout 240 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
   grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
-  bench|all)
-    slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
-    [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
-    run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 --response 768 \
-      --steps 2 --profile /tmp/actor-profile | tee -a "$RLINF_GPU_FIGURES" ;;
+  bench|all) bench --profile /tmp/actor-profile ;;
+  grouped)
+    run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    bench --backends megatron
+    bench --backends megatron --megatron-grouped-gemm --profile /tmp/actor-profile-grouped ;;
   smoke|actor|grpo|bench|all) ;;
-  *) echo "usage: $0 [smoke|actor|grpo|bench|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|grpo|bench|grouped|all]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 exit $status

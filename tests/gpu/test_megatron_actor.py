@@ -25,7 +25,9 @@ from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfi
 from rlinf.data.batch import RolloutBatch
 
 
-def actor_config(path: Path, precision: str, *, lr: float = 1e-5, mbs: int = 4, gbs: int = 8) -> Config:
+def actor_config(
+    path: Path, precision: str, *, lr: float = 1e-5, mbs: int = 4, gbs: int = 8, grouped_gemm: bool = False
+) -> Config:
     return Config(
         runner=RunnerConfig(seed=7),
         algorithm=AlgorithmConfig(),
@@ -34,7 +36,7 @@ def actor_config(path: Path, precision: str, *, lr: float = 1e-5, mbs: int = 4, 
             micro_batch_size=mbs,
             global_batch_size=gbs,
             seq_length=256,
-            model=ModelConfig(model_path=str(path), precision=precision),
+            model=ModelConfig(model_path=str(path), precision=precision, moe_grouped_gemm=grouped_gemm),
             optim=OptimConfig(lr=lr, weight_decay=0.0),
         ),
     )
@@ -86,14 +88,14 @@ def vocab_of(path: Path) -> int:
     return json.loads((path / "config.json").read_text())["vocab_size"]
 
 
-def _compare_logprobs(path: Path, precision: str, name: str) -> None:
+def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: bool = False) -> None:
     """fp32: against HF fp32. bf16: against HF fp32 (the exact values), and no worse than HF's own
     bf16 run (two bf16 runs differ by rounding: MoE top-k near-ties flip, logits move in 1/16 steps)."""
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
     batch = synthetic_batch(vocab_of(path), response=32)
     exact = hf_logprobs(path, "fp32", batch)
-    actor = MegatronActor(actor_config(path, precision))
+    actor = MegatronActor(actor_config(path, precision, grouped_gemm=grouped_gemm))
     got = actor.compute_logprobs(batch).old_logprobs
     del actor
     free()
@@ -127,12 +129,12 @@ def _compare_logprobs(path: Path, precision: str, name: str) -> None:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_logprobs_match_hf_on_gpu_tiny(megatron_installed, gpu_tiny, precision):
-    _compare_logprobs(gpu_tiny, precision, "megatron vs HF logprobs, GPU-tiny")
+    compare_logprobs(gpu_tiny, precision, "megatron vs HF logprobs, GPU-tiny")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_logprobs_match_hf_on_moonlight_slice(megatron_installed, moonlight_slice, precision):
-    _compare_logprobs(moonlight_slice, precision, "megatron vs HF logprobs, Moonlight slice (4 layers)")
+    compare_logprobs(moonlight_slice, precision, "megatron vs HF logprobs, Moonlight slice (4 layers)")
 
 
 def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -146,12 +148,15 @@ def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("which", ["gpu_tiny", "moonlight_slice"])
 def test_exported_weights_equal_the_checkpoint_bit_for_bit(megatron_installed, request, which):
+    export_equals_checkpoint(request.getfixturevalue(which), which)
+
+
+def export_equals_checkpoint(path: Path, which: str, *, grouped_gemm: bool = False) -> None:
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
-    path = request.getfixturevalue(which)
     stored = _checkpoint_tensors(path)
     precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[next(iter(stored.values())).dtype]
-    actor = MegatronActor(actor_config(path, precision))
+    actor = MegatronActor(actor_config(path, precision, grouped_gemm=grouped_gemm))
     exported = actor.named_weights()
     del actor
     free()
@@ -169,7 +174,7 @@ def test_exported_weights_equal_the_checkpoint_bit_for_bit(megatron_installed, r
         if not torch.equal(exported[n].to(stored[n].dtype).to(exported[n].dtype), exported[n])
     )
     record(
-        f"export equals checkpoint ({which})",
+        f"export equals checkpoint ({which}{', grouped GEMM experts' if grouped_gemm else ''})",
         tensors=len(exported),
         missing=missing[:5],
         extra=extra[:5],
@@ -182,13 +187,19 @@ def test_exported_weights_equal_the_checkpoint_bit_for_bit(megatron_installed, r
 
 
 def test_one_minibatch_matches_the_torch_actor(megatron_installed, gpu_tiny):
+    one_minibatch_matches_the_torch_actor(gpu_tiny)
+
+
+def one_minibatch_matches_the_torch_actor(gpu_tiny: Path, *, grouped_gemm: bool = False) -> None:
     """Same batch, fp32, lr 0 (weights unchanged): loss, ratio and grad norm of both backends agree."""
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.actor.torch_actor import TorchActor
 
-    cfg = actor_config(gpu_tiny, "fp32", lr=0.0, mbs=3, gbs=8)  # 3 micro-batches: 3 + 3 + 2 rows
+    # 3 micro-batches: 3 + 3 + 2 rows
+    cfg = actor_config(gpu_tiny, "fp32", lr=0.0, mbs=3, gbs=8, grouped_gemm=grouped_gemm)
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=3)
-    torch_cfg = replace(cfg, actor=replace(cfg.actor, training_backend="torch"))
+    torch_model = replace(cfg.actor.model, moe_grouped_gemm=False)  # a megatron-only key
+    torch_cfg = replace(cfg, actor=replace(cfg.actor, training_backend="torch", model=torch_model))
     reference = TorchActor(torch_cfg)
     ref_batch = reference.compute_logprobs(batch)
     ref = reference.train(replace(ref_batch, old_logprobs=ref_batch.old_logprobs - 0.05), step=0)
@@ -200,7 +211,8 @@ def test_one_minibatch_matches_the_torch_actor(megatron_installed, gpu_tiny):
     del actor
     free()
     keys = ("actor/loss", "actor/ratio_mean", "actor/grad_norm", "actor/approx_kl")
-    record("one minibatch: megatron vs torch actor (fp32)", **{k: [ref[k], got[k]] for k in keys})
+    experts = ", grouped GEMM experts" if grouped_gemm else ""
+    record(f"one minibatch: megatron vs torch actor (fp32{experts})", **{k: [ref[k], got[k]] for k in keys})
     for k in keys:
         assert got[k] == pytest.approx(ref[k], rel=2e-3, abs=1e-5), k
 
