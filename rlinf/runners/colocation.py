@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import PhaseTimer
@@ -93,6 +94,22 @@ class ColocatedMemory:
             peak, engine_up, freed, total, 100 * AUTO_HEADROOM,
             "keeps offloading" if self.offload_actor else "actor stays resident from the next step",
         )  # fmt: skip
+
+    @contextmanager
+    def around_checkpoint(self):
+        """A checkpoint save onloads an offloaded actor (it needs the weights and optimizer state on
+        the GPU) while the engine is up; the engine's KV cache and CUDA graphs, the bulk of its
+        memory, step aside for it. Its weights stay, so no weight sync is needed afterwards."""
+        if not (self.active and self.offload_actor):
+            yield
+            return
+        # Not a step transition: nothing timed or recorded into the step's metrics.
+        logger.info("colocated memory: the rollout's KV cache and CUDA graphs step aside for the checkpoint")
+        self.roles.rollout.sleep(["kv_cache", "cuda_graph"])
+        try:
+            yield
+        finally:
+            self.roles.rollout.wake(["kv_cache", "cuda_graph"])
 
     def pop_metrics(self) -> dict[str, float]:
         memory, self.memory = self.memory, {}

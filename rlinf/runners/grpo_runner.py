@@ -66,14 +66,18 @@ class GRPORunner:
                     flush=True,
                 )
                 if r.save_interval > 0 and self.step % r.save_interval == 0:
-                    self.checkpointer.save(self.step)
-        last = self.checkpointer.save(self.step)
+                    self.save()
+        last = self.save()
         if self.stop.requested:
             print(
                 f"stopped by {self.stop.signal_name} after step {self.step}; checkpoint saved to {last}",
                 flush=True,
             )
         return last
+
+    def save(self) -> Path:
+        with self.memory.around_checkpoint():
+            return self.checkpointer.save(self.step)
 
     def train_step(self) -> dict[str, float]:
         a, roles = self.cfg.algorithm, self.roles

@@ -152,8 +152,8 @@ class RolloutGroup(GroupFacade):
         ]
         return RolloutBatch.concat([r for r in self.group.call_each("generate", args) if r is not None])
 
-    def sleep(self) -> None:
-        self.group.call("sleep")
+    def sleep(self, tags: Sequence[str] | None = None) -> None:
+        self.group.call("sleep", list(tags) if tags else None)
 
     def wake(self, tags: Sequence[str]) -> None:
         self.group.call("wake", list(tags))

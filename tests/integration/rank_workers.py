@@ -97,9 +97,9 @@ class JournalingTorchRollout(TorchRollout):
         _journal(self.cfg, "rollout.generate")
         return super().generate(prompts, n, params, seed)
 
-    def sleep(self) -> None:
-        _journal(self.cfg, "rollout.sleep")
-        super().sleep()
+    def sleep(self, tags=None) -> None:
+        _journal(self.cfg, "rollout.sleep" if tags is None else f"rollout.sleep:{','.join(tags)}")
+        super().sleep(tags)
 
     def wake(self, tags=None) -> None:
         _journal(self.cfg, f"rollout.wake:{','.join(tags or ['all'])}")

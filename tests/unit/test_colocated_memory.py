@@ -36,7 +36,10 @@ def roles_on(gpu: FakeGPU):
         device_memory_total_gib=lambda: gpu.total,
     )
     rollout = SimpleNamespace(
-        sleep=call("rollout.sleep", lambda: setattr(gpu, "engine_on", False)),
+        sleep=lambda tags=None: (
+            gpu.calls.append(f"rollout.sleep{tags or ''}"),
+            setattr(gpu, "engine_on", False),
+        ),
         wake=lambda tags=None: (gpu.calls.append(f"rollout.wake{tags}"), setattr(gpu, "engine_on", True)),
     )
     return SimpleNamespace(actor=actor, rollout=rollout, colocated=True)
@@ -95,3 +98,23 @@ def test_auto_without_gpu_readings_keeps_offloading():
     for _ in range(2):
         step(memory, gpu)
     assert gpu.calls.count("actor.offload") == 3
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_a_checkpoint_of_an_offloaded_actor_gets_the_engines_kv_cache_memory(mode):
+    gpu = FakeGPU(total=140, actor=45, engine=70)
+    memory = ColocatedMemory(roles_on(gpu), offload_actor=mode, timer=PhaseTimer())
+    memory.start()
+    step(memory, gpu)
+    gpu.calls.clear()
+    with memory.around_checkpoint():
+        gpu.calls.append("save")
+    if mode:  # the engine keeps its weights: no weight sync needed after the save
+        assert gpu.calls == [
+            "rollout.sleep['kv_cache', 'cuda_graph']",
+            "save",
+            "rollout.wake['kv_cache', 'cuda_graph']",
+        ]
+    else:
+        assert gpu.calls == ["save"]
+    assert memory.pop_metrics() == {}  # not a step transition: nothing leaks into the next step

@@ -31,10 +31,10 @@ class RolloutWorker(ABC):
         return {"methods": (OBJECT_STORE,)}
 
     @abstractmethod
-    def sleep(self) -> None:
-        """Colocated runs: release the accelerator memory of every tag (KV cache and weights) so
-        the actor can train. Idempotent. Weights released here may be lost: the runner always
-        syncs them again after `wake(["weights"])`."""
+    def sleep(self, tags: Sequence[str] | None = None) -> None:
+        """Colocated runs: release the accelerator memory of `tags` (None = all: KV cache, CUDA
+        graphs and weights) so the actor can train. Idempotent. Weights released here may be lost:
+        the runner always syncs them again after `wake(["weights"])`."""
 
     @abstractmethod
     def wake(self, tags: Sequence[str] | None = None) -> None:

@@ -132,9 +132,10 @@ class SGLangRollout(RolloutWorker):
         self.engine.flush_cache()
 
     # -- memory (colocated runs) --------------------------------------------------------------
-    def sleep(self) -> None:
-        """Release KV cache, CUDA graphs and weights for training (no-op unless colocated)."""
-        self.engine.release(ALL_MEMORY_TAGS)
+    def sleep(self, tags: Sequence[str] | None = None) -> None:
+        """Release `tags` (default: KV cache, CUDA graphs and weights) for training (no-op unless
+        colocated)."""
+        self.engine.release(tuple(tags) if tags else ALL_MEMORY_TAGS)
 
     def wake(self, tags: Sequence[str] | None = None) -> None:
         """Resume `tags` (all by default). Resumed weights are empty until the next weight sync,

@@ -76,10 +76,10 @@ class TorchRollout(RolloutWorker):
         """The engine's current weights on CPU (tests check them against the actor's)."""
         return cpu_weights(self.model)
 
-    def sleep(self) -> None:
+    def sleep(self, tags: Sequence[str] | None = None) -> None:
         # The KV cache lives only inside generate; the weights go to host memory (and keep their
         # values, though the runner syncs them again anyway).
-        if self.device.type == "cuda":
+        if "weights" in check_memory_tags(tags) and self.device.type == "cuda":
             self.model.to("cpu")
             torch.cuda.empty_cache()
 
