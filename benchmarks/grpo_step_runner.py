@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -129,15 +132,36 @@ def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) ->
     recipe = "tiny-moe-grpo-cpu" if args.smoke else "moonlight-16b-grpo-megatron"
     cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe]
     cmd += overrides(args, checkpoint, data, out, prompts, new_tokens)
+    shutil.rmtree(out / "logs", ignore_errors=True)  # an earlier run's metrics are not this run's
     started = time.perf_counter()
+    timed_out = False
     with (out / "run.log").open("w") as log:
-        done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
+        # Its own session: on a timeout the whole run (Ray workers, engines) is killed together.
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            # The steps logged so far still make a figure (seen on the H200: the run's last
+            # checkpoint save was still writing when the device's time ran out).
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code, timed_out = 0, True
     wall = time.perf_counter() - started
-    if done.returncode != 0:
+    metrics = out / "logs" / "metrics.jsonl"
+    if code != 0 or not metrics.is_file():
         tail = (out / "run.log").read_text()[-3000:]
-        raise SystemExit(f"run {tag} failed (exit {done.returncode}); log {out / 'run.log'}:\n{tail}")
-    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    summary = summarize(rows)
+        why = (
+            f"timed out after {args.timeout} s before logging a step"
+            if timed_out
+            else f"failed (exit {code})"
+        )
+        raise SystemExit(f"run {tag} {why}; log {out / 'run.log'}:\n{tail}")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    try:
+        summary = summarize(rows) | ({"timed_out_after_s": args.timeout} if timed_out else {})
+    except ValueError as err:
+        why = f"timed out after {args.timeout} s" if timed_out else "finished"
+        raise SystemExit(f"run {tag} {why}, too early for a figure: {err}; log {out / 'run.log'}") from None
     step_total = sum(r.get("time/step", 0.0) for r in rows if r.get("step", 0) >= 1)
     print(f"[{tag}] {summary}", file=sys.stderr, flush=True)
     return {

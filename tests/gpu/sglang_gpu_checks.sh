@@ -78,7 +78,7 @@ case "${1:-}" in
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
     # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
     use_project_stack
-    timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" "${@:2}" 2>&1 |
+    timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" --timeout 500 "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner.log" | tail -n 40
     save_ray_logs
     ;;
