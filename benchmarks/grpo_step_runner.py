@@ -10,9 +10,13 @@ memory transitions (grouped as offload_onload), with memory/<transition>_gib aft
         [--prompts 32] [--group-size 8] [--prompt-len 256] [--new-tokens 512] [--steps 3]
         [--sweep-new-tokens 256,1024] [--sweep-prompts 8,16] [--plot docs/grpo_step_runner.png]
     python benchmarks/grpo_step_runner.py --smoke  # CPU: the tiny recipe, torch backends, 2 steps
+    python benchmarks/grpo_step_runner.py --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
+        # one plot from the runs of several calls (a device call lasts at most 10 minutes)
 
 Every run is a fresh process (engine and actor start-up are not in the step figures; they are
-reported as startup_seconds). Prints one JSON object; the full logs stay in --work-dir.
+reported as startup_seconds). No checkpoint is written unless --save-at-end (a Megatron slice
+checkpoint with its optimizer state is about 35 GB). Prints one JSON object; each run's row is also
+appended to <work-dir>/rows.jsonl as it ends, and the full logs stay in --work-dir.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_t
     responses = prompts * args.group_size
     common = [
         f"runner.max_steps={args.steps}",
+        f"runner.save_at_end={str(args.save_at_end).lower()}",
         "runner.val_check_interval=0",
         "runner.save_interval=0",
         "runner.resume_dir=null",
@@ -163,14 +168,32 @@ def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) ->
         why = f"timed out after {args.timeout} s" if timed_out else "finished"
         raise SystemExit(f"run {tag} {why}, too early for a figure: {err}; log {out / 'run.log'}") from None
     step_total = sum(r.get("time/step", 0.0) for r in rows if r.get("step", 0) >= 1)
-    print(f"[{tag}] {summary}", file=sys.stderr, flush=True)
-    return {
+    row = {
+        "tag": tag,
         "prompts": prompts,
         "responses": prompts * args.group_size,
         "new_tokens": new_tokens,
         "startup_seconds": round(wall - step_total, 1),
         **summary,
     }
+    print(f"[{tag}] {json.dumps(row)}", file=sys.stderr, flush=True)
+    with (Path(args.work_dir) / "rows.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def scaling_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of several calls as the plot's two series: response length at the most common batch,
+    batch at the most common response length (a row can sit in both)."""
+    from collections import Counter
+
+    if not rows:
+        raise SystemExit("--plot-rows: no rows in the files given")
+    batch = Counter(r["responses"] for r in rows).most_common(1)[0][0]
+    length = Counter(r["new_tokens"] for r in rows).most_common(1)[0][0]
+    return [r | {"varied": "new_tokens"} for r in rows if r["responses"] == batch] + [
+        r | {"varied": "responses"} for r in rows if r["new_tokens"] == length
+    ]
 
 
 def main() -> None:
@@ -195,11 +218,20 @@ def main() -> None:
     parser.add_argument("--plot", default="")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--save-at-end", action="store_true", help="keep the runner's final checkpoint save")
+    parser.add_argument("--plot-rows", nargs="+", type=Path, default=None, metavar="ROWS_JSONL")
     parser.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE",
         help="one more recipe override, e.g. actor.offload_between_phases=false",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.plot_rows:
+        from grpo_step_phases import plot
+
+        rows = [json.loads(line) for f in args.plot_rows for line in f.read_text().splitlines() if line]
+        plot(scaling_series(rows), Path(args.plot or "grpo_step_scaling.png"))
+        print(json.dumps({"plot": args.plot or "grpo_step_scaling.png", "rows": len(rows)}))
+        return
 
     if args.smoke:
         checkpoint, args.vocab = "tiny://bootstrap", 10

@@ -115,6 +115,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.max_steps": (ANY.reads(RUNNER),),
     "runner.val_check_interval": (ANY.reads(RUNNER),),
     "runner.save_interval": (ANY.reads(RUNNER),),
+    "runner.save_at_end": (ANY.reads(RUNNER),),
     "runner.keep_checkpoints": (ANY.reads(CHECKPOINTING),),
     "runner.resume_dir": (ANY.reads(CHECKPOINTING),),
     "runner.max_consecutive_skips": (ANY.reads(POLICY_UPDATE),),

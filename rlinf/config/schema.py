@@ -39,6 +39,7 @@ class RunnerConfig:
     max_steps: int = -1  # doc: stop after this many GRPO steps; -1 = bounded by max_epochs only
     val_check_interval: int = 0  # doc: validate every N steps (and before step 1 and at the end); 0 = never
     save_interval: int = 0  # doc: checkpoint every N steps (and at the end); 0 = only at the end
+    save_at_end: bool = True  # doc: checkpoint after the last step (and on a stop signal); false for throwaway runs such as benchmarks
     keep_checkpoints: int = 2  # doc: keep the last K checkpoints
     resume_dir: str | None = None  # doc: "auto" (latest of this experiment), a checkpoint path, or null
     max_consecutive_skips: int = 3  # doc: abort after this many non-finite optimizer steps in a row

@@ -67,12 +67,10 @@ class GRPORunner:
                 )
                 if r.save_interval > 0 and self.step % r.save_interval == 0:
                     self.save()
-        last = self.save()
+        last = self.save() if r.save_at_end else None
         if self.stop.requested:
-            print(
-                f"stopped by {self.stop.signal_name} after step {self.step}; checkpoint saved to {last}",
-                flush=True,
-            )
+            where = f"checkpoint saved to {last}" if last else "no checkpoint (runner.save_at_end: false)"
+            print(f"stopped by {self.stop.signal_name} after step {self.step}; {where}", flush=True)
         return last
 
     def save(self) -> Path:

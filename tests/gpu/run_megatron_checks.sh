@@ -8,9 +8,9 @@
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
-#   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`):
-#          tests/gpu/test_megatron_grouped_experts.py, then the slice benchmark of the Megatron
-#          actor with SequentialMLP experts and with grouped-GEMM experts (profiled)
+#   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
+#          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
+#          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
 #
 # .h10-pytest holds pytest wheels (the device image has none); .h9-tiny is a warm-started GPU-tiny
 # built on the CPU machine:
@@ -50,9 +50,11 @@ case "$mode" in
   grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
   bench|all) bench --profile /tmp/actor-profile ;;
   grouped)
-    run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
-    bench --backends megatron
-    bench --backends megatron --megatron-grouped-gemm --profile /tmp/actor-profile-grouped ;;
+    # HF (torch actor) and Megatron with grouped experts in one run, then the checks, then
+    # SequentialMLP experts for the before/after
+    bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
+    run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    bench --backends megatron ;;
   smoke|actor|grpo|bench|all) ;;
   *) echo "usage: $0 [smoke|actor|grpo|bench|grouped|all]" >&2; exit 2 ;;
 esac

@@ -77,9 +77,17 @@ case "${1:-}" in
   step)
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
     # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
+    # The work dir stays off $OUT (checkpoints, if any, are tens of GB); rows.jsonl, each run's log
+    # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
     use_project_stack
-    timeout 560 python3 benchmarks/grpo_step_runner.py --work-dir "$OUT/step" --timeout 500 "${@:2}" 2>&1 |
-      tee "$OUT/grpo_step_runner.log" | tail -n 40
+    work=/tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
+    timeout "$limit" python3 benchmarks/grpo_step_runner.py --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
+      tee "$OUT/grpo_step_runner${STEP_TAG:+-$STEP_TAG}.log" | tail -n 40
+    for d in "$work"/*/; do
+      mkdir -p "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")"
+      cp -f "$d/run.log" "$d/logs/metrics.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")/" 2>/dev/null
+    done
+    cp -f "$work/rows.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/" 2>/dev/null
     save_ray_logs
     ;;
   *)

@@ -158,3 +158,15 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpo
     )
     assert run(resumed) == 0
     assert (tmp_path / "results" / "it" / "checkpoints" / f"step_{stopped_at + 1}" / "COMPLETE").is_file()
+
+
+def test_save_at_end_false_trains_without_writing_a_checkpoint(random_tiny_checkpoint, tmp_path, ray_session):
+    cfg = small_config(
+        random_tiny_checkpoint,
+        tmp_path,
+        **{"runner.max_steps": 2, "runner.val_check_interval": 0, "runner.save_at_end": "false"},
+    )
+    assert run(cfg) == 0
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "time/step" in r] == [1, 2]
+    assert not list((tmp_path / "results").glob("**/step_*"))
