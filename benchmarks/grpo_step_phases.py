@@ -194,7 +194,7 @@ def plot(sweep: list[dict[str, Any]], path: Path) -> None:
             f"{fixed['responses']} responses" if key == "new_tokens" else f"{fixed['new_tokens']} new tokens"
         )
         ax.set_title(f"colocated GRPO step, 1 GPU ({other})")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

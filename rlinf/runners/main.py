@@ -161,5 +161,7 @@ def _run(cfg) -> int:
     if cfg.runner.logger.plot:
         plot = plot_training_curves(metrics.history(), log_path / "training_curves.png")
         print(f"plot: {plot}")
-    print(f"TensorBoard logs: {log_path}  (tensorboard --logdir {log_path.parent})\ncheckpoint: {last or 'none (runner.save_at_end: false)'}")
+    print(
+        f"TensorBoard logs: {log_path}  (tensorboard --logdir {log_path.parent})\ncheckpoint: {last or 'none (runner.save_at_end: false)'}"
+    )
     return exit_codes.OK

@@ -118,6 +118,9 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     def _init_parallel_state(self) -> None:
         from megatron.core import parallel_state, tensor_parallel
 
+        from rlinf.models.megatron.pickling import keep_tensor_pickles_portable
+
+        keep_tensor_pickles_portable()  # else every result this worker returns names megatron-core
         m = self.cfg.actor.model
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
