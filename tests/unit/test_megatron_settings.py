@@ -65,9 +65,10 @@ def test_without_transformer_engine_fusions_are_off_and_the_precision_aware_opti
 
 def test_moe_grouped_gemm_selects_rlinf_grouped_experts_only_without_transformer_engine():
     recipe = moonlight_actor()
-    assert not recipe.model.moe_grouped_gemm  # off by default: not yet run on a GPU
-    assert not translate(recipe, te_available=False).grouped_experts
-    actor = replace(recipe, model=replace(recipe.model, moe_grouped_gemm=True))
+    assert recipe.model.moe_grouped_gemm  # the recipe turns it on (verified on the H200)
+    off = replace(recipe, model=replace(recipe.model, moe_grouped_gemm=False))
+    assert not translate(off, te_available=False).grouped_experts  # SequentialMLP
+    actor = recipe
     without_te = translate(actor, te_available=False)
     # the spec swaps the experts; megatron's own flag (TE grouped GEMM) stays off
     assert without_te.grouped_experts and not without_te.provider["moe_grouped_gemm"]
@@ -75,7 +76,7 @@ def test_moe_grouped_gemm_selects_rlinf_grouped_experts_only_without_transformer
     assert without_te.provider["recompute_modules"] == ["core_attn"]
     with_te = translate(actor, te_available=True)  # TE: megatron's TEGroupedMLP, as without the key
     assert with_te.provider["moe_grouped_gemm"] and not with_te.grouped_experts
-    assert translate(recipe, te_available=True).provider["moe_grouped_gemm"]
+    assert translate(off, te_available=True).provider["moe_grouped_gemm"]
 
 
 def test_grouped_experts_without_transformer_engine_refuse_expert_tensor_parallelism():
