@@ -28,10 +28,13 @@ class Roles:
     colocated: bool  # actor and rollout share GPUs (never true on a CPU-only placement)
 
     def shutdown(self) -> None:
-        try:  # let the grading pool's processes exit with their parent
-            self.reward.call("close")
-        except Exception:  # noqa: BLE001 - best effort while tearing down after a failure
-            pass
+        # The grading pool's and the engines' own processes stop first (an SGLang engine's
+        # scheduler would otherwise hold its GPU memory until the kernel reaps it), then the workers.
+        for group in (self.reward, self.rollout):
+            try:
+                group.call("close")
+            except Exception:  # noqa: BLE001 - best effort while tearing down after a failure
+                pass
         for group in (self.reward, self.rollout, self.actor):
             group.kill()
 

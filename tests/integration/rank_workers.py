@@ -108,3 +108,7 @@ class JournalingTorchRollout(TorchRollout):
     def update_weights(self, buckets) -> None:
         _journal(self.cfg, "rollout.update_weights")
         super().update_weights(buckets)
+
+    def close(self) -> None:
+        _journal(self.cfg, "rollout.close")
+        super().close()

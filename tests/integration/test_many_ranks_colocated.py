@@ -44,9 +44,9 @@ def run_two_steps(cfg, colocated: bool) -> tuple[list[str], dict]:
     try:
         metrics = MetricLogger(cfg.runner.logger.log_path, ())
         GRPORunner(cfg, roles, train, val, metrics).run()
-        return read_journal(cfg.runner.output_dir), metrics.history()[-1]
     finally:
         roles.shutdown()
+    return read_journal(cfg.runner.output_dir), metrics.history()[-1]
 
 
 @pytest.mark.parametrize("offload", [True, False])
@@ -61,7 +61,8 @@ def test_colocated_steps_follow_the_memory_order(random_tiny_checkpoint, tmp_pat
     start = ["actor.offload"] if offload else []  # the actor leaves the GPU before the first rollout
     # the run's last checkpoint: an offloaded actor onloads for it, the engine's KV cache steps aside
     save = ["rollout.sleep:kv_cache,cuda_graph", "rollout.wake:kv_cache,cuda_graph"] if offload else []
-    assert verbs == start + step + step + save
+    # shutdown: the rollout closes its engine before its worker is killed
+    assert verbs == start + step + step + save + ["rollout.close"]
     for transition in (
         "rollout_release",
         "actor_onload",
@@ -86,5 +87,6 @@ def test_a_placement_without_shared_gpus_skips_the_memory_order(
         "actor.train",
         "actor.export_weights",
         "rollout.update_weights",
+        "rollout.close",
     ]
     assert last["time/weight_sync"] > 0 and "time/rollout_release" not in last

@@ -42,6 +42,9 @@ class RolloutWorker(ABC):
         The runner's colocated order: wake(["weights"]) -> weight sync -> actor offload ->
         wake(["kv_cache", "cuda_graph"]); a backend without a tag's memory ignores that tag."""
 
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing outside their process
+        """At the end of a run: stop what outlives the worker's process (an engine's own processes)."""
+
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
