@@ -153,8 +153,10 @@ class LRSchedulerConfig:
 class ActorConfig:
     training_backend: str = "torch"  # doc: torch (embedded) or megatron
     micro_batch_size: int = 4  # doc: sequences per forward/backward (without max_tokens_per_micro_batch)
-    # doc: padded tokens per forward/backward, rows x (longest prompt + longest response): micro-batches of rows of similar length, as many on every DP rank; null = micro_batch_size rows
+    # doc: tokens per forward/backward (padded: rows x (longest prompt + longest response); packed: the rows' real tokens): micro-batches of rows of similar length, as many on every DP rank; null = micro_batch_size rows
     max_tokens_per_micro_batch: int | None = None
+    # doc: torch backend: each micro-batch runs as one row of its sequences' real tokens, no padding (block-diagonal causal attention from position ids). Same numbers; with sdpa the mask makes attention cover the whole packed row, so it pays only where padding, not attention, dominates (docs/benchmarks.md); megatron: not yet
+    pack_sequences: bool = False
     global_batch_size: int = 32  # doc: sequences per optimizer step (a minibatch), across DP ranks
     seq_length: int = 2048  # doc: max prompt + response tokens
     model: ModelConfig = field(default_factory=ModelConfig)  # doc: model and parallelism

@@ -47,6 +47,7 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, R] of `response_ids` after left-padded prompts, and optionally the entropy [B, R].
 
@@ -56,24 +57,43 @@ def response_logprobs(
     and backward (`ChunkedTokenLogprobs`), so no [tokens, V] fp32 tensor ever exists. Masked
     response positions are 0 in both outputs. The values equal one unchunked fp32 log_softmax over
     the same logits (`reference_response_logprobs`) within fp32 rounding.
+
+    `packed`: one forward over a single row holding every sequence's real tokens back to back, no
+    padding (`pack_rows`); the position ids restart at 0 for each sequence, which transformers'
+    masks read as packed sequences (block-diagonal causal attention). Same values as the padded
+    forward within the kernels' rounding; the cost is the real tokens instead of rows x width.
     """
     response_mask = response_mask.bool()
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), response_mask], dim=1)
     num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
-    forward_kwargs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions_from_mask(attention_mask),
-        use_cache=False,
-    )
+    if packed:
+        forward_kwargs, predicting = pack_rows(torch.cat([prompt_ids, response_ids], dim=1), attention_mask)
+        # The packed position before each real response token predicts it (row-major order).
+        predicting = predicting[:, num_prompt - 1 : num_prompt - 1 + num_response][response_mask]
+        if bool((predicting < 0).any()):
+            raise ValueError(
+                "packed logprobs need every real response token right after real tokens (no gaps)"
+            )
+    else:
+        forward_kwargs = dict(
+            input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+            attention_mask=attention_mask,
+            position_ids=positions_from_mask(attention_mask),
+        )
     head = _output_head(model)
     if head is None:  # no separable vocabulary projection: take the model's logits
-        logits = model(**forward_kwargs, logits_to_keep=num_response + 1).logits[:, :-1][response_mask]
+        if packed:
+            logits = model(**forward_kwargs, use_cache=False).logits[0, predicting]
+        else:
+            logits = model(**forward_kwargs, use_cache=False, logits_to_keep=num_response + 1).logits
+            logits = logits[:, :-1][response_mask]
     else:
-        hidden = head.body(**forward_kwargs).last_hidden_state
-        # Column P-1 (last prompt token) predicts response token 0; the last column predicts nothing.
-        logits = head.linear(hidden[:, num_prompt - 1 : num_prompt - 1 + num_response][response_mask])
+        hidden = head.body(**forward_kwargs, use_cache=False).last_hidden_state
+        if packed:
+            logits = head.linear(hidden[0, predicting])
+        else:
+            # Column P-1 (last prompt token) predicts response token 0; the last column predicts nothing.
+            logits = head.linear(hidden[:, num_prompt - 1 : num_prompt - 1 + num_response][response_mask])
     size = chunk_tokens or max(1, CHUNK_LOGITS // logits.shape[-1])
     token_logprobs, entropy = ChunkedTokenLogprobs.apply(
         logits, response_ids[response_mask], temperature, size, with_entropy
@@ -84,6 +104,22 @@ def response_logprobs(
     if not with_entropy:
         return token_logprobs, None
     return token_logprobs, entropy.new_zeros(response_mask.shape).masked_scatter(response_mask, entropy)
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """The real tokens of every row, back to back in one row, as forward keyword arguments (no
+    attention mask; position ids 0..n-1 per sequence), and `where` [B, L]: the packed index of each
+    real token of the padded layout (-1 at padding), so `x[0, where[mask]]` reads them row by row."""
+    mask = attention_mask.bool()
+    flat = mask.flatten()
+    where = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+    where[mask] = torch.arange(int(flat.sum()), device=mask.device)
+    kwargs = dict(
+        input_ids=input_ids[mask].unsqueeze(0),
+        position_ids=positions_from_mask(mask)[mask].unsqueeze(0),
+        attention_mask=None,
+    )
+    return kwargs, where
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):

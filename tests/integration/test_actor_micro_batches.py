@@ -1,9 +1,11 @@
-"""A token budget per micro-batch regroups the rows, not the maths: the torch actor (fp32, tiny
-model) recomputes the same logprobs in the batch's row order and takes the same optimizer step as
-with micro-batches of a fixed number of rows."""
+"""A token budget per micro-batch regroups the rows, not the maths, and so does packing each
+micro-batch's sequences into one row without padding: the torch actor (fp32, tiny model)
+recomputes the same logprobs in the batch's row order and takes the same optimizer step as with
+micro-batches of a fixed number of rows."""
 
 import json
 
+import pytest
 import torch
 
 from rlinf.workers.actor.policy_update import micro_batch_rows
@@ -19,17 +21,16 @@ RESPONSES = [24, 1, 3, 22, 2, 1, 18, 4, 24, 2, 1, 9, 23, 1, 5, 12]
 BUDGET = 88
 
 
+@pytest.mark.parametrize("pack", [False, True])
 def test_token_budget_gives_the_logprobs_and_the_step_of_fixed_micro_batches(
-    random_tiny_checkpoint, tmp_path
+    random_tiny_checkpoint, tmp_path, pack
 ):
     vocab = json.loads((random_tiny_checkpoint / "config.json").read_text())["vocab_size"]
     batch = batch_with_lengths(PROMPTS, RESPONSES, vocab=vocab, seed=5)
     fixed = TorchActor(small_config(random_tiny_checkpoint, tmp_path, **OVERRIDES))
-    packed = TorchActor(
-        small_config(
-            random_tiny_checkpoint, tmp_path, **{**OVERRIDES, "actor.max_tokens_per_micro_batch": BUDGET}
-        )
-    )
+    budget = {"actor.max_tokens_per_micro_batch": BUDGET, "actor.pack_sequences": str(pack).lower()}
+    packed = TorchActor(small_config(random_tiny_checkpoint, tmp_path, **{**OVERRIDES, **budget}))
+    assert packed.settings.pack_sequences is pack
     plan = micro_batch_rows(packed, batch, packed.settings)
     assert sorted(len(rows) for rows in plan) != [2] * 8, "the budget must group rows differently"
     assert any(rows != sorted(rows) or len(rows) > 2 for rows in plan)

@@ -193,3 +193,54 @@ def test_default_chunk_bounds_the_fp32_logits_of_a_large_vocab(monkeypatch):
     assert seen == [16, 16, 8]
     logprobs.sum().backward()
     assert seen == [16, 16, 8] * 2
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_forward_equals_the_padded_one_values_and_gradients(temperature):
+    from rlinf.models.logprobs import pack_rows
+
+    model = tiny_deepseek_v3().train()
+    batch = _padded_batch()
+    weights = torch.linspace(0.5, 1.5, batch[2].numel()).view(batch[2].shape)
+
+    def run(**kwargs):
+        model.zero_grad(set_to_none=True)
+        logprobs, entropy = response_logprobs(
+            model, *batch, temperature=temperature, with_entropy=True, **kwargs
+        )
+        ((logprobs * weights).sum() + 0.3 * entropy.sum()).backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return logprobs.detach(), entropy.detach(), grads
+
+    padded, packed = run(), run(packed=True)
+    for want, got in zip(padded[:2], packed[:2], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+    assert packed[2].keys() == padded[2].keys()
+    for name in padded[2]:
+        torch.testing.assert_close(packed[2][name], padded[2][name], atol=1e-5, rtol=1e-4, msg=name)
+    # the packed row is the 17 real tokens, and the sequence boundaries are what keeps them apart:
+    # the same row read as one long sequence gives other logprobs
+    prompt_ids, prompt_mask, response_ids, response_mask = batch
+    kwargs, _ = pack_rows(
+        torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
+    )
+    assert kwargs["input_ids"].shape == (1, 17) and kwargs["position_ids"][0, :6].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    with torch.no_grad():
+        joined = model(input_ids=kwargs["input_ids"], position_ids=torch.arange(17)[None]).logits
+        apart = model(**kwargs).logits
+    assert (joined[0, 9:] - apart[0, 9:]).abs().max() > 1e-2  # rows 2 and 3 see row 1 when joined
+
+
+def test_packed_forward_refuses_a_response_with_a_gap():
+    batch = list(_padded_batch())
+    batch[3] = batch[3].clone()
+    batch[3][0, 2] = False  # row 0's response token 2 masked, token 3 real
+    with pytest.raises(ValueError, match="no gaps"):
+        response_logprobs(tiny_deepseek_v3(), *batch, packed=True)

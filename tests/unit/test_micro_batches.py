@@ -13,6 +13,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.workers.actor.micro_batches import (
     RowLength,
     min_micro_batches,
+    packed_tokens,
     padded_tokens,
     plan_micro_batches,
 )
@@ -81,30 +82,40 @@ def test_refusals_name_the_problem():
         plan_micro_batches(LENGTHS, 50, 2)
 
 
-def _best_max_cost(lengths, count: int) -> int:
+def _best_max_cost(lengths, count: int, cost) -> int:
     """Brute force: the smallest largest cost over all cuts of the longest-first order into `count` runs."""
     order = sorted(range(len(lengths)), key=lambda i: (-sum(lengths[i]), i))
     best = None
     for cuts in itertools.combinations(range(1, len(order)), count - 1):
         bounds = (0, *cuts, len(order))
-        worst = max(padded_tokens([lengths[i] for i in order[a:b]]) for a, b in itertools.pairwise(bounds))
+        worst = max(cost([lengths[i] for i in order[a:b]]) for a, b in itertools.pairwise(bounds))
         best = worst if best is None else min(best, worst)
     return best
 
 
-def test_every_plan_covers_each_row_once_within_budget_and_is_balanced():
+@pytest.mark.parametrize(("packed", "cost"), [(False, padded_tokens), (True, packed_tokens)])
+def test_every_plan_covers_each_row_once_within_budget_and_is_balanced(packed, cost):
     rng = random.Random(0)
     for _ in range(150):
         lengths = [RowLength(rng.randint(1, 12), rng.randint(0, 30)) for _ in range(rng.randint(1, 8))]
-        budget = rng.randint(max(padded_tokens([r]) for r in lengths), 150)
-        fewest = min_micro_batches(lengths, budget)
+        budget = rng.randint(max(cost([r]) for r in lengths), 150)
+        fewest = min_micro_batches(lengths, budget, packed)
         for count in range(fewest, len(lengths) + 1):
-            plan = plan_micro_batches(lengths, budget, count)
+            plan = plan_micro_batches(lengths, budget, count, packed)
             assert len(plan) == count and all(plan)
             assert sorted(i for rows in plan for i in rows) == list(range(len(lengths)))
-            assert all(padded_tokens([lengths[i] for i in rows]) <= budget for rows in plan)
-            largest = max(padded_tokens([lengths[i] for i in rows]) for rows in plan)
-            assert largest == _best_max_cost(lengths, count), (lengths, budget, count)
+            assert all(cost([lengths[i] for i in rows]) <= budget for rows in plan)
+            largest = max(cost([lengths[i] for i in rows]) for rows in plan)
+            assert largest == _best_max_cost(lengths, count, cost), (lengths, budget, count)
+
+
+def test_packed_micro_batches_count_real_tokens_only():
+    # rows 0 and 2 are long, the rest short: padded, rows 0 + 2 cost 2 x 25 and the short rows
+    # go in two more; packed, rows 0 + 2 cost 48 and the four short rows 31 together
+    assert packed_tokens(LENGTHS) == 79 and padded_tokens(LENGTHS) == 6 * 25
+    assert min_micro_batches(LENGTHS, 50) == 3
+    assert min_micro_batches(LENGTHS, 50, packed=True) == 2
+    assert plan_micro_batches(LENGTHS, 50, 2, packed=True) == [[0, 2], [4, 5, 1, 3]]
 
 
 class OtherRankNeeds:

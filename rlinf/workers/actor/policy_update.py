@@ -85,7 +85,8 @@ class UpdateSettings:
     clip_grad: float
     seed: int
     max_consecutive_skips: int
-    max_tokens_per_micro_batch: int | None = None  # padded tokens per forward; None: micro_batch_size rows
+    max_tokens_per_micro_batch: int | None = None  # tokens per forward; None: micro_batch_size rows
+    pack_sequences: bool = False  # a forward runs its rows' real tokens only (torch backend)
 
     @classmethod
     def from_config(cls, cfg: Config) -> UpdateSettings:
@@ -97,6 +98,7 @@ class UpdateSettings:
             seed=cfg.runner.seed,
             max_consecutive_skips=cfg.runner.max_consecutive_skips,
             max_tokens_per_micro_batch=cfg.actor.max_tokens_per_micro_batch,
+            pack_sequences=cfg.actor.pack_sequences,
         )
 
 
@@ -240,8 +242,9 @@ def micro_batch_rows(
         RowLength(int(p), int(r))
         for p, r in zip(batch.prompt_mask.sum(1).tolist(), batch.response_mask.sum(1).tolist(), strict=True)
     ]
-    needed = torch.tensor([min_micro_batches(lengths, budget)], dtype=torch.long)
-    return plan_micro_batches(lengths, budget, int(backend.all_reduce(needed, "max").item()))
+    packed = settings.pack_sequences
+    needed = torch.tensor([min_micro_batches(lengths, budget, packed)], dtype=torch.long)
+    return plan_micro_batches(lengths, budget, int(backend.all_reduce(needed, "max").item()), packed)
 
 
 def logprobs_in_row_order(

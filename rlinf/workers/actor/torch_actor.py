@@ -121,6 +121,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             b.response_mask.to(self.device),
             temperature=self.temperature,
             with_entropy=with_entropy,
+            packed=self.cfg.actor.pack_sequences,
         )
 
     @torch.no_grad()
