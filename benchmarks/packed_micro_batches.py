@@ -8,8 +8,9 @@ JSON object: real tokens/s of each mode, the tokens each forward ran (padding in
 micro-batch counts, the speed-up, and the largest weight difference between the two modes' steps.
 
     python benchmarks/packed_micro_batches.py [--model DIR] [--rows 64] [--prompt 64]
-        [--response 256] [--budget 2048] [--device cpu|cuda] [--precision fp32|bf16]
-    (--model: an HF DeepSeek-V3 checkpoint; default a random tiny one built in a temp dir)
+        [--response 256] [--budget 2048] [--precision fp32|bf16]
+    (--model: an HF DeepSeek-V3 checkpoint; default a random tiny one built in a temp dir; the
+    actor runs where its workers run: a GPU when there is one)
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--response", type=int, default=256)
     parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = parser.parse_args()
 
@@ -68,7 +68,7 @@ def main() -> None:
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     data = varied_batch(vocab, args.rows, args.prompt, args.response)
     real = int(data.prompt_mask.sum() + data.response_mask.sum())
-    result: dict = {"benchmark": "packed_micro_batches", "device": args.device, "model": model, "rows": args.rows,
+    result: dict = {"benchmark": "packed_micro_batches", "model": model, "rows": args.rows,
                     "real_tokens": real, "budget": args.budget}  # fmt: skip
     weights = {}
     for mode, pack in (("padded", False), ("packed", True)):
@@ -83,9 +83,8 @@ def main() -> None:
             f"algorithm.sampling_params.max_new_tokens={args.response}",
             "actor.optim.lr=1e-5",
         ]
-        if args.device != "cpu":
-            overrides += ["cluster.num_gpus_per_node=1"]
         actor = TorchActor(load_config("tiny-moe-grpo-cpu", overrides))
+        result["device"] = str(actor.device)
         plan = micro_batch_rows(actor, data, actor.settings)
         ran = sum(
             real_tokens if pack else len(rows) * int(part.prompt_ids.shape[1] + part.response_ids.shape[1])
