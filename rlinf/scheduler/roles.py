@@ -19,6 +19,8 @@ from rlinf.scheduler.facades import ActorGroup, RewardGroup, RolloutGroup
 from rlinf.scheduler.worker_group import WorkerGroup
 from rlinf.workers.backends import ACTOR_BACKENDS, REWARD_WORKER, ROLLOUT_BACKENDS
 
+CLOSE_TIMEOUT_S = 30.0  # for the workers' close calls at shutdown
+
 
 @dataclass
 class Roles:
@@ -29,12 +31,16 @@ class Roles:
 
     def shutdown(self) -> None:
         # The grading pool's and the engines' own processes stop first (an SGLang engine's
-        # scheduler would otherwise hold its GPU memory until the kernel reaps it), then the workers.
-        for group in (self.reward, self.rollout):
-            try:
-                group.call("close")
-            except Exception:  # noqa: BLE001 - best effort while tearing down after a failure
-                pass
+        # scheduler would otherwise hold its GPU memory until the kernel reaps it), then the
+        # workers. A worker still busy (Ctrl-C in the middle of a rollout) runs its close only
+        # after that call: wait CLOSE_TIMEOUT_S at most, then kill it anyway.
+        import ray
+
+        closing = [ref for group in (self.reward, self.rollout) for ref in group.call_async("close")]
+        try:
+            ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - best effort while tearing down after a failure
+            pass
         for group in (self.reward, self.rollout, self.actor):
             group.kill()
 

@@ -112,3 +112,16 @@ class JournalingTorchRollout(TorchRollout):
     def close(self) -> None:
         _journal(self.cfg, "rollout.close")
         super().close()
+
+
+class BusyWorker:
+    """Stands in for any role at shutdown: `busy` keeps the worker's only thread occupied."""
+
+    def __init__(self, *, rank: int = 0, world_size: int = 1) -> None:
+        self.closed = False
+
+    def busy(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        self.closed = True

@@ -7,7 +7,7 @@ import pytest
 from rlinf.models.loader import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
 from rlinf.runners.grpo_runner import GRPORunner
-from rlinf.scheduler.facades import ActorGroup, RewardGroup, RolloutGroup
+from rlinf.scheduler.facades import ActorGroup, GroupFacade, RewardGroup, RolloutGroup
 from rlinf.scheduler.roles import Roles
 from rlinf.scheduler.worker_group import WorkerGroup
 from rlinf.utils.metrics import MetricLogger
@@ -90,3 +90,26 @@ def test_a_placement_without_shared_gpus_skips_the_memory_order(
         "rollout.close",
     ]
     assert last["time/weight_sync"] > 0 and "time/rollout_release" not in last
+
+
+def test_shutdown_kills_a_worker_still_busy_after_the_close_timeout(ray_session, monkeypatch):
+    import time
+
+    import ray
+
+    from rlinf.scheduler import roles as roles_module
+
+    monkeypatch.setattr(roles_module, "CLOSE_TIMEOUT_S", 1.0)
+    groups = {role: WorkerGroup(role, f"{WORKERS}:BusyWorker", ()) for role in ("actor", "rollout", "reward")}
+    roles = Roles(
+        actor=GroupFacade(groups["actor"]),
+        rollout=RolloutGroup(groups["rollout"]),
+        reward=RewardGroup(groups["reward"]),
+        colocated=True,
+    )
+    nap = groups["rollout"].call_async("busy", 120)  # e.g. Ctrl-C in the middle of a rollout
+    started = time.perf_counter()
+    roles.shutdown()
+    assert time.perf_counter() - started < 30  # not the 120 s the busy call would take
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(nap, timeout=30)  # killed, not finished
