@@ -33,12 +33,15 @@ use_pytest() {
   fi
 }
 
-# The tail of every non-empty Ray worker log (SGLang's children write their tracebacks there).
+# The tail of every non-empty Ray worker log (SGLang's children write their tracebacks there), in
+# one archive: a call brings back only so many files, and the figures must not lose their place.
 save_ray_logs() {
-  mkdir -p "$OUT/ray_logs"
+  local tails=/tmp/ray_log_tails
+  rm -rf "$tails" && mkdir -p "$tails"
   for f in /tmp/ray/session_*/logs/worker-*.err /tmp/ray/session_*/logs/worker-*.out; do
-    [ -s "$f" ] && tail -n 400 "$f" >"$OUT/ray_logs/$(basename "$(dirname "$(dirname "$f")")")-$(basename "$f")"
+    [ -s "$f" ] && tail -n 400 "$f" >"$tails/$(basename "$(dirname "$(dirname "$f")")")-$(basename "$f")"
   done
+  tar czf "$OUT/ray_logs.tar.gz" -C "$tails" .
 }
 
 # Ray + Megatron from this call's carry, on top of the sglang the previous call installed.
