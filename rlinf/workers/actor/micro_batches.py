@@ -7,8 +7,8 @@ longest prompt and of its longest response, so one forward costs
 
 padding included. Rows are sorted longest first, so rows of similar length share a micro-batch and
 little of that cost is padding. Packed (`actor.pack_sequences`), a forward runs only the rows' real
-tokens, so it costs their sum (`packed=True` below). Pure functions of the rows' lengths: every rank of a tensor-parallel
-group holds the same rows and so computes the same plan.
+tokens, so it costs their sum (`packed=True` below). Pure functions of the rows' lengths: every
+rank of a tensor-parallel group holds the same rows and so computes the same plan.
 
 Data-parallel ranks must all run the same number of forwards (tensor- and expert-parallel
 collectives run inside each one), so the caller takes the largest `min_micro_batches` over the DP
