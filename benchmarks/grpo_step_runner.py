@@ -229,8 +229,9 @@ def main() -> None:
         from grpo_step_phases import plot
 
         rows = [json.loads(line) for f in args.plot_rows for line in f.read_text().splitlines() if line]
-        plot(scaling_series(rows), Path(args.plot or "grpo_step_scaling.png"))
-        print(json.dumps({"plot": args.plot or "grpo_step_scaling.png", "rows": len(rows)}))
+        path = args.plot or "grpo_step_scaling.png"
+        plot(scaling_series(rows), Path(path))
+        print(json.dumps({"plot": path, "rows": len(rows)}))
         return
 
     if args.smoke:

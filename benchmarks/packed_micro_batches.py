@@ -61,13 +61,15 @@ def main() -> None:
 
     from rlinf.config import load_config
     from rlinf.models.tiny import build_tiny_checkpoint
-    from rlinf.workers.actor.policy_update import micro_batch_rows
+    from rlinf.workers.actor.micro_batches import micro_batch_cost
+    from rlinf.workers.actor.policy_update import micro_batch_rows, row_lengths
     from rlinf.workers.actor.torch_actor import TorchActor
 
     model = args.model or str(build_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", bootstrap=False))
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     data = varied_batch(vocab, args.rows, args.prompt, args.response)
     real = int(data.prompt_mask.sum() + data.response_mask.sum())
+    lengths = row_lengths(data)
     result: dict = {"benchmark": "packed_micro_batches", "model": model, "rows": args.rows,
                     "real_tokens": real, "budget": args.budget}  # fmt: skip
     weights = {}
@@ -86,12 +88,7 @@ def main() -> None:
         actor = TorchActor(load_config("tiny-moe-grpo-cpu", overrides))
         result["device"] = str(actor.device)
         plan = micro_batch_rows(actor, data, actor.settings)
-        ran = sum(
-            real_tokens if pack else len(rows) * int(part.prompt_ids.shape[1] + part.response_ids.shape[1])
-            for rows in plan
-            for part in [data.select(rows).trimmed()]
-            for real_tokens in [int(part.prompt_mask.sum() + part.response_mask.sum())]
-        )
+        ran = sum(micro_batch_cost([lengths[i] for i in rows], pack) for rows in plan)
         batch = actor.compute_logprobs(data)
         actor.train(batch, step=1)  # warm-up, and the step the two modes must agree on
         weights[mode] = actor.named_weights()

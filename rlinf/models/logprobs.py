@@ -80,15 +80,16 @@ def response_logprobs(
             attention_mask=attention_mask,
             position_ids=positions_from_mask(attention_mask),
         )
+    forward_kwargs["use_cache"] = False
     head = _output_head(model)
     if head is None:  # no separable vocabulary projection: take the model's logits
         if packed:
-            logits = model(**forward_kwargs, use_cache=False).logits[0, predicting]
+            logits = model(**forward_kwargs).logits[0, predicting]
         else:
-            logits = model(**forward_kwargs, use_cache=False, logits_to_keep=num_response + 1).logits
+            logits = model(**forward_kwargs, logits_to_keep=num_response + 1).logits
             logits = logits[:, :-1][response_mask]
     else:
-        hidden = head.body(**forward_kwargs, use_cache=False).last_hidden_state
+        hidden = head.body(**forward_kwargs).last_hidden_state
         if packed:
             logits = head.linear(hidden[0, predicting])
         else:
@@ -111,9 +112,8 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[di
     attention mask; position ids 0..n-1 per sequence), and `where` [B, L]: the packed index of each
     real token of the padded layout (-1 at padding), so `x[0, where[mask]]` reads them row by row."""
     mask = attention_mask.bool()
-    flat = mask.flatten()
     where = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
-    where[mask] = torch.arange(int(flat.sum()), device=mask.device)
+    where[mask] = torch.arange(int(mask.sum()), device=mask.device)
     kwargs = dict(
         input_ids=input_ids[mask].unsqueeze(0),
         position_ids=positions_from_mask(mask)[mask].unsqueeze(0),

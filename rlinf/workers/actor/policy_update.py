@@ -238,13 +238,18 @@ def micro_batch_rows(
     if budget is None:
         size = settings.micro_batch_size
         return [list(range(start, min(start + size, len(batch)))) for start in range(0, len(batch), size)]
-    lengths = [
-        RowLength(int(p), int(r))
-        for p, r in zip(batch.prompt_mask.sum(1).tolist(), batch.response_mask.sum(1).tolist(), strict=True)
-    ]
+    lengths = row_lengths(batch)
     packed = settings.pack_sequences
     needed = torch.tensor([min_micro_batches(lengths, budget, packed)], dtype=torch.long)
     return plan_micro_batches(lengths, budget, int(backend.all_reduce(needed, "max").item()), packed)
+
+
+def row_lengths(batch: RolloutBatch) -> list[RowLength]:
+    """Each row's real prompt and response tokens."""
+    return [
+        RowLength(int(p), int(r))
+        for p, r in zip(batch.prompt_mask.sum(1).tolist(), batch.response_mask.sum(1).tolist(), strict=True)
+    ]
 
 
 def logprobs_in_row_order(
