@@ -135,7 +135,7 @@ class OptimConfig:
     adam_eps: float = 1e-8  # doc: Adam epsilon
     clip_grad: float = 1.0  # doc: global grad-norm clip
     use_distributed_optimizer: bool = True  # doc: megatron: shard optimizer state over DP
-    # doc: megatron: optimizer states in the dtypes below (needs Transformer Engine's FusedAdam; without TE: fp32, with a warning)
+    # doc: megatron: optimizer states in the dtypes below (Transformer Engine's FusedAdam; without TE: fp32 masters, fp32/bf16 moments in rlinf's CompactAdamW)
     use_precision_aware_optimizer: bool = False
     main_params_dtype: str = "fp32"  # doc: megatron master weights: fp32 or fp16 (no bf16/FP8 masters exist)
     main_grads_dtype: str = "fp32"  # doc: megatron gradient buffers / reduction: fp32 or bf16

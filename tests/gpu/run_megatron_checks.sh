@@ -2,12 +2,14 @@
 # The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
 # carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|grouped|all]   (default: all)
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|grouped|all]   (default: all)
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
+#   optim  the precision-aware optimizer without TE (bf16 moments, CompactAdamW):
+#          tests/gpu/test_megatron_compact_adamw.py, then save / load with fp32 and bf16 moments
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
 #          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
@@ -55,8 +57,11 @@ case "$mode" in
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     bench --backends megatron ;;
+  optim)
+    run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k save_load 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
   smoke|actor|grpo|bench|all) ;;
-  *) echo "usage: $0 [smoke|actor|grpo|bench|grouped|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|grouped|all]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 exit $status

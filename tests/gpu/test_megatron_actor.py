@@ -26,8 +26,16 @@ from rlinf.data.batch import RolloutBatch
 
 
 def actor_config(
-    path: Path, precision: str, *, lr: float = 1e-5, mbs: int = 4, gbs: int = 8, grouped_gemm: bool = False
+    path: Path,
+    precision: str,
+    *,
+    lr: float = 1e-5,
+    mbs: int = 4,
+    gbs: int = 8,
+    grouped_gemm: bool = False,
+    moments: str = "fp32",
 ) -> Config:
+    """`moments`: the Adam moments' dtype; "bf16" turns the precision-aware optimizer on."""
     return Config(
         runner=RunnerConfig(seed=7),
         algorithm=AlgorithmConfig(),
@@ -37,7 +45,13 @@ def actor_config(
             global_batch_size=gbs,
             seq_length=256,
             model=ModelConfig(model_path=str(path), precision=precision, moe_grouped_gemm=grouped_gemm),
-            optim=OptimConfig(lr=lr, weight_decay=0.0),
+            optim=OptimConfig(
+                lr=lr,
+                weight_decay=0.0,
+                use_precision_aware_optimizer=moments != "fp32",
+                exp_avg_dtype=moments,
+                exp_avg_sq_dtype=moments,
+            ),
         ),
     )
 
@@ -266,12 +280,15 @@ def optimizer_tensors(actor) -> list[torch.Tensor]:
     return out
 
 
-def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_tiny, tmp_path):
+@pytest.mark.parametrize("moments", ["fp32", "bf16"])
+def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_tiny, tmp_path, moments):
     """After load the weights and the optimizer state are bit-identical to what save saw, and the
-    next step repeats (up to run-to-run order of MoE scatter_add sums)."""
+    next step repeats (up to run-to-run order of MoE scatter_add sums). bf16 moments: CompactAdamW's
+    states keep their dtype through megatron's checkpoint, and its stochastic rounding repeats
+    (the RNG comes back with the checkpoint)."""
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
-    actor = MegatronActor(actor_config(gpu_tiny, "fp32", lr=1e-4))
+    actor = MegatronActor(actor_config(gpu_tiny, "fp32", lr=1e-4, moments=moments))
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=5)
     actor.train(actor.compute_logprobs(batch), step=0)
     actor.save(str(tmp_path / "ckpt"))
@@ -283,8 +300,10 @@ def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_ti
     second = actor.train(actor.compute_logprobs(batch), step=1)
     del actor
     free()
+    dtypes = sorted({str(t.dtype) for t in loaded_optimizer})
     record(
-        "save / load / same step (GPU-tiny fp32)",
+        f"save / load / same step (GPU-tiny fp32, {moments} moments)",
+        state_dtypes=dtypes,
         loss=[first["actor/loss"], second["actor/loss"]],
         grad_norm=[first["actor/grad_norm"], second["actor/grad_norm"]],
         weights_moved_by_step=moved,
@@ -294,4 +313,6 @@ def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_ti
     assert all(torch.equal(saved_weights[n], loaded_weights[n]) for n in saved_weights)
     assert len(saved_optimizer) == len(loaded_optimizer) > 0
     assert all(torch.equal(a, b) for a, b in zip(saved_optimizer, loaded_optimizer, strict=True))
+    assert all(a.dtype == b.dtype for a, b in zip(saved_optimizer, loaded_optimizer, strict=True))
+    assert ("torch.bfloat16" in dtypes) == (moments == "bf16")
     assert second == pytest.approx(first, rel=1e-4, abs=1e-7)

@@ -48,19 +48,42 @@ def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names()
     assert s.ddp["use_distributed_optimizer"] and s.warnings == ()
 
 
-def test_without_transformer_engine_fusions_are_off_and_the_precision_aware_optimizer_falls_back():
+def test_without_transformer_engine_fusions_are_off_and_compact_adamw_keeps_the_bf16_moments():
     s = translate(moonlight_actor(), te_available=False)
     p = s.provider
     assert p["transformer_impl"] == "local" and p["cross_entropy_fusion_impl"] != "te"
     assert not p["moe_grouped_gemm"] and not p["moe_permute_fusion"] and not p["persist_layer_norm"]
     o = s.optimizer
+    # megatron-core's own fp32 path (its config refuses low-precision moments without TE) ...
     assert not o["use_precision_aware_optimizer"]
     assert {o[k] for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")} == {
         "float32"
     }
+    # ... with its AdamW swapped for CompactAdamW holding the recipe's bf16 moments
+    assert s.compact_moments == ("bf16", "bf16")
+    assert translate(moonlight_actor(), te_available=True).compact_moments is None
     # megatron-core refuses moe_act recompute without grouped GEMM (seen on the H200): dropped, said
     assert p["recompute_granularity"] == "selective" and p["recompute_modules"] == ["core_attn"]
-    assert len(s.warnings) == 2 and "FusedAdam" in s.warnings[1] and "moe_act" in s.warnings[0]
+    assert len(s.warnings) == 1 and "moe_act" in s.warnings[0]
+
+
+def test_fp32_moments_without_transformer_engine_need_no_swap():
+    recipe = moonlight_actor()
+    fp32 = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32"))
+    assert translate(fp32, te_available=False).compact_moments is None
+    mixed = replace(recipe, optim=replace(recipe.optim, exp_avg_sq_dtype="fp32"))
+    assert translate(mixed, te_available=False).compact_moments == ("bf16", "fp32")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("exp_avg_dtype", "fp8"), ("exp_avg_sq_dtype", "fp16"), ("main_params_dtype", "fp16")]
+)
+def test_what_only_fused_adam_offers_is_refused_without_transformer_engine(key, value):
+    recipe = moonlight_actor()
+    actor = replace(recipe, optim=replace(recipe.optim, **{key: value}))
+    translate(actor, te_available=True)  # fine with TE
+    with pytest.raises(MegatronSettingsError, match=f"actor.optim.{key}: {value} .*Transformer Engine"):
+        translate(actor, te_available=False)
 
 
 def test_moe_grouped_gemm_selects_rlinf_grouped_experts_only_without_transformer_engine():

@@ -28,6 +28,7 @@ from rlinf.config.schema import ActorConfig, OptimConfig
 
 MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+TE_FREE_MOMENT_DTYPES = ("fp32", "bf16")  # rlinf's CompactAdamW (rlinf.workers.actor.compact_adamw)
 GRAD_DTYPES = ("fp32", "bf16")
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}
 RECOMPUTE_GRANULARITIES = (None, "selective", "full")
@@ -52,6 +53,9 @@ class MegatronSettings:
     ddp: dict[str, Any]  # DistributedDataParallelConfig keyword arguments
     optimizer: dict[str, Any]  # OptimizerConfig keyword arguments
     grouped_experts: bool = False  # TE-free spec: routed experts as GroupedGemmExperts, not SequentialMLP
+    # TE-free precision-aware optimizer: megatron's AdamW swapped for rlinf's CompactAdamW, with
+    # (exp_avg, exp_avg_sq) stored in these dtypes ("fp32"/"bf16"); None keeps megatron's own
+    compact_moments: tuple[str, str] | None = None
     warnings: tuple[str, ...] = field(default=())  # what was changed from the recipe and why
 
 
@@ -87,6 +91,26 @@ def precision_problems(optim: OptimConfig) -> list[str]:
         problems.append(
             "actor.optim.use_precision_aware_optimizer: needs use_distributed_optimizer: true (megatron-core)"
         )
+    return problems
+
+
+def te_free_optimizer_problems(optim: OptimConfig) -> list[str]:
+    """What the precision-aware optimizer cannot do without Transformer Engine's FusedAdam."""
+    if not optim.use_precision_aware_optimizer:
+        return []
+    problems = []
+    if optim.main_params_dtype != "fp32":
+        problems.append(
+            f"actor.optim.main_params_dtype: {optim.main_params_dtype} master weights need Transformer "
+            "Engine's FusedAdam, which is not installed; use fp32 (bf16 moments still save memory)"
+        )
+    for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(optim, key)
+        if value not in TE_FREE_MOMENT_DTYPES:
+            problems.append(
+                f"actor.optim.{key}: {value} moments need Transformer Engine's FusedAdam, which is not "
+                f"installed; without it: one of {', '.join(TE_FREE_MOMENT_DTYPES)} (rlinf's CompactAdamW)"
+            )
     return problems
 
 
@@ -153,6 +177,8 @@ def recompute_modules(
 def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
     """The Megatron settings for a recipe's actor section; raises MegatronSettingsError when impossible."""
     problems = model_problems(actor, te_available=te_available) + precision_problems(actor.optim)
+    if not problems and not te_available:
+        problems = te_free_optimizer_problems(actor.optim)
     if problems:
         raise MegatronSettingsError("\n".join(problems))
     warnings: list[str] = []
@@ -208,14 +234,11 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         "check_for_nan_in_grad": False,  # the update loop skips non-finite steps itself, on every rank
         "average_in_collective": False,
     }
-    precision_aware = o.use_precision_aware_optimizer
-    if precision_aware and not te_available:
-        warnings.append(
-            "actor.optim.use_precision_aware_optimizer: needs Transformer Engine's FusedAdam, which is not "
-            "installed; falling back to megatron-core's fp32 optimizer states (main params, exp_avg, "
-            "exp_avg_sq all fp32: same maths, more memory; docs/megatron.md has the per-GPU figures)"
-        )
-        precision_aware = False
+    # Without TE, megatron-core keeps its fp32 path (fp32 master shards, main grads as configured by
+    # the DDP buffer) and rlinf's CompactAdamW stores the moments in bf16 (docs/megatron.md, "Precision").
+    precision_aware = o.use_precision_aware_optimizer and te_available
+    moments = (o.exp_avg_dtype, o.exp_avg_sq_dtype)
+    compact = o.use_precision_aware_optimizer and not te_available and moments != ("fp32", "fp32")
     optimizer = {
         "optimizer": "adam",
         "lr": o.lr,
@@ -242,5 +265,6 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         ddp=ddp,
         optimizer=optimizer,
         grouped_experts=m.moe_grouped_gemm and not te_available,
+        compact_moments=moments if compact else None,
         warnings=tuple(warnings),
     )

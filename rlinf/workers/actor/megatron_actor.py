@@ -13,6 +13,7 @@ model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
 - Training: rlinf.workers.actor.policy_update's loop (shuffle, minibatches, global normaliser,
   early stop / NaN skip from all-reduced values) with megatron's forward_backward_func as the
   micro-batch schedule and megatron-core's distributed optimizer (grad clipping inside `step`).
+  Precision-aware without TE: bf16 Adam moments through rlinf.models.megatron.compact_optimizer.
 - Weights out: bridge.export_hf_weights (collective: every rank drains it; the conversion tasks are
   built once); rank 0 returns the HF-named buckets.
 - Offload: DDP param and grad buffers and the optimizer state to CPU between phases.
@@ -171,6 +172,10 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(**with_torch_dtypes(self.megatron_settings.optimizer)), self.model
         )
+        if self.megatron_settings.compact_moments:
+            from rlinf.models.megatron.compact_optimizer import use_compact_adamw
+
+            use_compact_adamw(self.optimizer, *self.megatron_settings.compact_moments)
         config = get_model_config(self.model[0])
         config.no_sync_func = self.model[0].no_sync
         config.finalize_model_grads_func = finalize_model_grads
