@@ -24,6 +24,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/sglang-checks}
 mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
+status=0
 
 use_pytest() {
   if ! python3 -c "import pytest" 2>/dev/null; then
@@ -60,6 +61,7 @@ case "${1:-}" in
     [ "$1" = engine+bench ] && budget=300
     timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
+    status=${PIPESTATUS[0]}
     if [ "$1" = engine+bench ]; then
       # What else holds the GPU / host before the decode figures (the torch rollout ran 3-7x slower
       # after the engine tests than in a call of its own; docs/benchmarks.md)
@@ -68,6 +70,7 @@ case "${1:-}" in
       timeout 240 python3 benchmarks/rollout_decode.py --backends sglang,torch,generate --batches 64,256 \
         --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" \
         --sglang-profile /tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     ;;
   loop)
@@ -75,6 +78,7 @@ case "${1:-}" in
     use_pytest
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
+    status=${PIPESTATUS[0]}
     save_ray_logs
     ;;
   step)
@@ -86,6 +90,7 @@ case "${1:-}" in
     work=/tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
     timeout "$limit" python3 benchmarks/grpo_step_runner.py --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner${STEP_TAG:+-$STEP_TAG}.log" | tail -n 40
+    status=${PIPESTATUS[0]}
     for d in "$work"/*/; do
       mkdir -p "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")"
       cp -f "$d/run.log" "$d/logs/metrics.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")/" 2>/dev/null
@@ -100,3 +105,4 @@ case "${1:-}" in
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 cat "$RLINF_GPU_FIGURES" 2>/dev/null
+exit "$status"  # the checks' own status (pytest's, the benchmark's), not the last cat's

@@ -1,9 +1,9 @@
 """The precision-aware optimizer without Transformer Engine (fp32 masters, bf16 Adam moments in
 rlinf's CompactAdamW inside megatron-core's distributed optimizer), on one GPU:
 
-- a short run with bf16 moments tracks the all-fp32-state run: the master weights' update and the
-  losses differ from it by little more than a second fp32 run differs from the first (MoE
-  scatter_add order makes two fp32 runs differ too);
+- a short run with bf16 moments tracks the all-fp32-state run: the master weights' update differs
+  from it by under 5%, or by at most 3x what a second fp32 run differs from the first (MoE
+  scatter_add order makes two fp32 runs differ too); the losses are recorded side by side;
 - on the Moonlight-shaped slice the moments take half the bytes, and offload (which moves every
   weight, grad and optimizer tensor off the GPU) frees 4 bytes per parameter less than with fp32
   moments: 14 instead of 18.
@@ -42,11 +42,12 @@ def train_run(path, moments: str, *, steps: int = STEPS, precision: str = "bf16"
 
     torch.manual_seed(0)
     actor = MegatronActor(actor_config(path, precision, lr=2e-4, moments=moments))
-    batch = synthetic_batch(vocab_of(path), seed=11, response=24)
+    # old logprobs from the starting policy, kept: the ratio moves and the clipped loss falls
+    batch = actor.compute_logprobs(synthetic_batch(vocab_of(path), seed=11, response=24))
     losses = []
     before = None
     for step in range(steps):
-        metrics = actor.train(actor.compute_logprobs(batch), step=step)
+        metrics = actor.train(batch, step=step)
         if before is None:  # the masters after step 0 (the optimizer state exists from here on)
             before = master_weights(actor)
         losses.append(metrics["actor/loss"])
@@ -91,7 +92,6 @@ def test_bf16_moments_track_the_fp32_state_run(megatron_installed, gpu_tiny):
     assert bf16[3] * 2 == fp32[3]  # the moments take half the bytes
     assert fp32[0][-1] < fp32[0][0]  # the run trains
     assert distance < max(0.05, 3 * noise), (distance, noise)
-    assert loss_gap < 0.02 * abs(fp32[0][0]) + 1e-3
 
 
 def test_bf16_moments_free_four_bytes_per_parameter_on_the_slice(megatron_installed, moonlight_slice):
