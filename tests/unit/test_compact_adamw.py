@@ -142,3 +142,21 @@ def test_use_compact_adamw_swaps_each_inner_adamw_and_keeps_megatrons_param_grou
     assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
     with pytest.raises(RuntimeError, match="fresh torch AdamW, found CompactAdamW"):
         use_compact_adamw(dense, "bf16", "bf16")
+
+
+def test_a_step_tensor_shared_by_all_parameters_counts_once_per_step():
+    """megatron-core's distributed optimizer loads a checkpoint by giving every parameter's state
+    one shared `step` tensor; each parameter's bias correction must still see the same count."""
+    model, optimizer, _ = _train(
+        lambda p: CompactAdamW(p, **HYPER, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32"), 3
+    )
+    reference = copy.deepcopy((model, optimizer))
+    shared = torch.tensor(3.0)
+    for state in optimizer.state.values():
+        state["step"] = shared
+    for m, opt in ((model, optimizer), reference):
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference[0].parameters(), strict=True))
+    assert {s["step"].item() for s in optimizer.state.values()} == {4.0}

@@ -107,7 +107,8 @@ class CompactAdamW(torch.optim.Optimizer):
                     continue
                 self.init_state(p)
                 state = self.state[p]
-                state["step"] += 1
+                # not in place: megatron's checkpoint load hands every parameter the same step tensor
+                state["step"] = state["step"] + 1
                 t = state["step"].item()
                 grad = p.grad.float()
                 exp_avg = state["exp_avg"].float().lerp_(grad, 1 - beta1)

@@ -432,6 +432,16 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         with self._resident():
             self._load(directory)
 
+    def _set_adam_steps(self, steps: int) -> None:
+        """Adam's per-parameter step count (its bias correction) from the checkpoint. megatron-core's
+        dp_reshardable load takes a 0-dim `step` tensor from the *current* state (it is no
+        ShardedTensor, so the template's value comes back): a reload in the same process kept the
+        later count, and a fresh optimizer whose state holds `step` (CompactAdamW) restarted at 0."""
+        for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for state in part.optimizer.state.values():
+                if "step" in state:
+                    state["step"] = torch.tensor(float(steps))
+
     def _check_same_experts(self, path: Path) -> None:
         """The distributed optimizer's state is saved as flat buffers in parameter order, which
         differs between SequentialMLP and the grouped-GEMM experts: loading across a change of
@@ -496,4 +506,5 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         torch.cuda.set_rng_state(rng["cuda"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
         self.optimizer_steps = loop["optimizer_steps"]
+        self._set_adam_steps(self.optimizer_steps)
         self.skips = SkipCounter(*loop["skips"])

@@ -1,0 +1,91 @@
+"""A test harness: megatron-core's model, DDP buffers and distributed optimizer on the CPU.
+
+megatron-core allocates some tensors with an explicit `device="cuda"` (the optimizer's scale
+tensors, DDP's buffers through `torch.cuda.current_device()`), checks `param.type()` against
+`torch.cuda.*Tensor` names, and makes CUDA streams. Inside `cuda_on_cpu()` those all land on the
+CPU: factory functions and `Tensor.to` map a CUDA device to the CPU, `Tensor.cuda` is the identity,
+`Tensor.type()` names a CPU tensor as its CUDA twin, streams and synchronisation do nothing, and
+the CUDA RNG state is the CPU's. Only for tests/megatron_cpu; the GPU path never sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+FACTORIES = (
+    "tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange", "rand", "randn", "randint",
+    "empty_like", "zeros_like", "ones_like", "full_like",
+)  # fmt: skip
+
+
+def _cpu(device):
+    """A CUDA device (name, torch.device) as the CPU; anything else as it is."""
+    if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+class _Stream:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _on_cpu_factory(factory):
+    @functools.wraps(factory)
+    def make(*args, **kwargs):
+        if "device" in kwargs:  # a device index means a GPU here
+            device = kwargs["device"]
+            kwargs["device"] = torch.device("cpu") if isinstance(device, int) else _cpu(device)
+        kwargs.pop("pin_memory", None)
+        return factory(*args, **kwargs)
+
+    return make
+
+
+@contextlib.contextmanager
+def cuda_on_cpu():
+    to, tensor_type = torch.Tensor.to, torch.Tensor.type
+
+    def to_cpu(self, *args, **kwargs):
+        args = tuple(_cpu(a) for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        return to(self, *args, **kwargs)
+
+    def cuda_type(self, *args, **kwargs):
+        name = tensor_type(self, *args, **kwargs)
+        if args or kwargs or not isinstance(name, str) or name.startswith("torch.cuda."):
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    patches = {(torch, name): _on_cpu_factory(getattr(torch, name)) for name in FACTORIES}
+    patches |= {
+        (torch.Tensor, "to"): to_cpu,
+        (torch.Tensor, "cuda"): lambda self, *args, **kwargs: self,
+        (torch.Tensor, "type"): cuda_type,
+        (torch.cuda, "current_device"): lambda: "cpu",
+        (torch.cuda, "synchronize"): lambda device=None: None,
+        (torch.cuda, "empty_cache"): lambda: None,
+        (torch.cuda, "Stream"): _Stream,
+        (torch.cuda, "stream"): lambda stream: contextlib.nullcontext(),
+        (torch.cuda, "current_stream"): lambda *args, **kwargs: _Stream(),
+        (torch.cuda, "get_rng_state"): lambda device="cuda": torch.get_rng_state(),
+        (torch.cuda, "set_rng_state"): lambda state, device="cuda": None,
+    }
+    saved = {key: getattr(*key) for key in patches}
+    for (owner, name), value in patches.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
