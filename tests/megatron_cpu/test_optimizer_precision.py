@@ -9,6 +9,10 @@ optimizer (one gloo rank on the CPU, tests/megatron_cpu/cuda_on_cpu.py maps its 
 - the actor's checkpoint (`_save` / `_load`: dist_checkpointing, dp_reshardable) keeps the bf16
   moments bf16 and bit-equal, and the step after a resume repeats the step after the save exactly
   (Adam's step count too: megatron's load hands back the current one, `_set_adam_steps` mends it).
+
+Open: run BEFORE test_grouped_experts.py in the same process, this module's bf16 actor build made
+that module's whole-model check against HF fail (fp32 logits 0.009 off, 1e-4 allowed); run after
+it, or alone, both pass. What leaks is not found yet; the module's name keeps it after.
 """
 
 from __future__ import annotations
