@@ -192,3 +192,16 @@ def test_checkpoint_keeps_bf16_moments_and_the_resumed_step_repeats(on_cpu, hf_c
     assert all(torch.equal(a, b) for a, b in zip(next_masters, masters(actor), strict=True))
     steps = {state["step"].item() for inner in inner_optimizers(actor) for state in inner.state.values()}
     assert steps == {4.0} and actor.optimizer_steps == 4  # Adam's bias correction resumed at 3 (+1)
+
+
+def test_resuming_with_other_moment_dtypes_names_the_keys(on_cpu, hf_checkpoint, tmp_path):
+    from rlinf.utils.checkpoint import CheckpointError
+
+    actor = build_actor(hf_checkpoint, "fp32")
+    train_step(actor, tokens(), counted=True)
+    actor._save(str(tmp_path / "ckpt"))
+    other = build_actor(hf_checkpoint, "bf16")
+    with pytest.raises(
+        CheckpointError, match="Adam moments in fp32/fp32 .*exp_avg_dtype.* keeps them in bf16/bf16"
+    ):
+        other._load(str(tmp_path / "ckpt"))

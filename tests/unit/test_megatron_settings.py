@@ -120,11 +120,48 @@ def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(t
 
     loop = {"optimizer_steps": 3} | ({} if written is None else {"grouped_experts": written})
     torch.save(loop, tmp_path / LOOP_STATE_FILE)
-    actor = types.SimpleNamespace(megatron_settings=types.SimpleNamespace(grouped_experts=now))
+    actor = types.SimpleNamespace(
+        megatron_settings=types.SimpleNamespace(grouped_experts=now), _adam_moments=lambda: ["fp32", "fp32"]
+    )
     with pytest.raises(CheckpointError, match="moe_grouped_gemm"):
-        MegatronActor._check_same_experts(actor, tmp_path)
+        MegatronActor._check_same_layout(actor, tmp_path)
     actor.megatron_settings.grouped_experts = bool(written)
-    MegatronActor._check_same_experts(actor, tmp_path)
+    MegatronActor._check_same_layout(actor, tmp_path)
+
+
+@pytest.mark.parametrize(("written", "now"), [(None, ["bf16", "bf16"]), (["bf16", "bf16"], ["fp32", "fp32"])])
+def test_an_actor_checkpoint_resumes_only_with_the_adam_moment_dtypes_it_was_written_with(
+    tmp_path, written, now
+):
+    """`written` None: a checkpoint from before the key existed (fp32 moments)."""
+    import torch
+
+    from rlinf.utils.checkpoint import CheckpointError
+    from rlinf.workers.actor.megatron_actor import LOOP_STATE_FILE, MegatronActor
+
+    loop = {"optimizer_steps": 3} | ({} if written is None else {"adam_moments": written})
+    torch.save(loop, tmp_path / LOOP_STATE_FILE)
+    actor = types.SimpleNamespace(
+        megatron_settings=types.SimpleNamespace(grouped_experts=False), _adam_moments=lambda: now
+    )
+    moments = "/".join(written or ["fp32", "fp32"])
+    with pytest.raises(CheckpointError, match=f"Adam moments in {moments} .* keeps them in {'/'.join(now)}"):
+        MegatronActor._check_same_layout(actor, tmp_path)
+    actor._adam_moments = lambda: written or ["fp32", "fp32"]
+    MegatronActor._check_same_layout(actor, tmp_path)
+
+
+def test_the_adam_moment_dtypes_are_the_recipes_only_with_the_precision_aware_optimizer():
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    def moments(**optim):
+        actor = types.SimpleNamespace(
+            cfg=types.SimpleNamespace(actor=ActorConfig(optim=OptimConfig(**optim)))
+        )
+        return MegatronActor._adam_moments(actor)
+
+    assert moments() == ["fp32", "fp32"]
+    assert moments(use_precision_aware_optimizer=True, exp_avg_dtype="bf16") == ["bf16", "fp32"]
 
 
 def test_recompute_full_uses_uniform_single_layer_checkpoints():

@@ -442,15 +442,33 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 if "step" in state:
                     state["step"] = torch.tensor(float(steps))
 
-    def _check_same_experts(self, path: Path) -> None:
-        """The distributed optimizer's state is saved as flat buffers in parameter order, which
-        differs between SequentialMLP and the grouped-GEMM experts: loading across a change of
-        `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights, silently."""
-        written = torch.load(path / LOOP_STATE_FILE, weights_only=False).get("grouped_experts", False)
+    def _adam_moments(self) -> list[str]:
+        """The dtypes (exp_avg, exp_avg_sq) this actor's optimizer keeps its Adam moments in."""
+        o = self.cfg.actor.optim
+        return [o.exp_avg_dtype, o.exp_avg_sq_dtype] if o.use_precision_aware_optimizer else ["fp32", "fp32"]
+
+    def _check_same_layout(self, path: Path) -> None:
+        """What a checkpoint's optimizer state must share with this actor to load into it.
+
+        - The experts: the distributed optimizer's state is saved as flat buffers in parameter
+          order, which differs between SequentialMLP and the grouped-GEMM experts, so loading across
+          a change of `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights,
+          silently.
+        - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
+          with an empty message)."""
+        loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
+        written = loop.get("grouped_experts", False)
         if written != self.megatron_settings.grouped_experts:
             raise CheckpointError(
                 f"{path}: written with the grouped-GEMM experts {'on' if written else 'off'} "
                 "(actor.model.moe_grouped_gemm without Transformer Engine); resume with the same setting"
+            )
+        moments = list(loop.get("adam_moments", ["fp32", "fp32"]))
+        if moments != self._adam_moments():
+            raise CheckpointError(
+                f"{path}: written with Adam moments in {'/'.join(moments)} (actor.optim.exp_avg_dtype / "
+                f"exp_avg_sq_dtype with use_precision_aware_optimizer), this run keeps them in "
+                f"{'/'.join(self._adam_moments())}; resume with the same setting"
             )
 
     def _save(self, directory: str) -> None:
@@ -476,6 +494,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 "optimizer_steps": self.optimizer_steps,
                 "skips": (self.skips.consecutive, self.skips.total),
                 "grouped_experts": self.megatron_settings.grouped_experts,
+                "adam_moments": self._adam_moments(),
             }
             torch.save(loop, path / LOOP_STATE_FILE)
         dist.barrier()
@@ -490,7 +509,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             if not needed.exists():
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
-            self._check_same_experts(path)
+            self._check_same_layout(path)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
             # The optimizer copies into main params that require grad (fp32: the model's own).
             with torch.no_grad():
@@ -501,7 +520,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         except CheckpointError:
             raise
         except Exception as err:
-            raise CheckpointError(f"{ckpt}: corrupt or incompatible megatron checkpoint: {err}") from None
+            reason = str(err) or type(err).__name__  # megatron's loader raises some errors without a message
+            raise CheckpointError(f"{ckpt}: corrupt or incompatible megatron checkpoint: {reason}") from None
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state(rng["cuda"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
