@@ -1,6 +1,6 @@
 """Padding-free packing (`actor.pack_sequences`) against padded micro-batches, same token budget.
 
-The torch actor trains one optimizer step (`train`) on a GRPO-like batch whose responses vary in
+The torch (or, on a GPU, the Megatron) actor trains one optimizer step (`train`) on a GRPO-like batch whose responses vary in
 length (uniform from 1 to --response tokens, prompts from --prompt/4 to --prompt), twice per mode:
 micro-batches by `actor.max_tokens_per_micro_batch` padded (rows x longest row), then packed (each
 micro-batch one row of its real tokens). The first call of each mode is a warm-up. Prints one
@@ -8,7 +8,7 @@ JSON object: real tokens/s of each mode, the tokens each forward ran (padding in
 micro-batch counts, the speed-up, and the largest weight difference between the two modes' steps.
 
     python benchmarks/packed_micro_batches.py [--model DIR] [--rows 64] [--prompt 64]
-        [--response 256] [--budget 2048] [--precision fp32|bf16]
+        [--response 256] [--budget 2048] [--precision fp32|bf16] [--backend torch|megatron]
     (--model: an HF DeepSeek-V3 checkpoint; default a random tiny one built in a temp dir; the
     actor runs where its workers run: a GPU when there is one)
 """
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=256)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument(
+        "--backend", default="torch", choices=("torch", "megatron"), help="megatron: a CUDA GPU"
+    )
     args = parser.parse_args()
 
     from rlinf.config import load_config
@@ -65,12 +68,18 @@ def main() -> None:
     from rlinf.workers.actor.policy_update import micro_batch_rows, row_lengths
     from rlinf.workers.actor.torch_actor import TorchActor
 
+    if args.backend == "megatron":
+        from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
+    else:
+        Actor = TorchActor
+    backend = [] if args.backend == "torch" else ["actor.training_backend=megatron", "actor.num_threads=null"]
+
     model = args.model or str(build_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", bootstrap=False))
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     data = varied_batch(vocab, args.rows, args.prompt, args.response)
     real = int(data.prompt_mask.sum() + data.response_mask.sum())
     lengths = row_lengths(data)
-    result: dict = {"benchmark": "packed_micro_batches", "model": model, "rows": args.rows,
+    result: dict = {"benchmark": "packed_micro_batches", "backend": args.backend, "model": model, "rows": args.rows,
                     "real_tokens": real, "budget": args.budget}  # fmt: skip
     weights = {}
     for mode, pack in (("padded", False), ("packed", True)):
@@ -84,8 +93,9 @@ def main() -> None:
             f"data.max_prompt_length={args.prompt}",
             f"algorithm.sampling_params.max_new_tokens={args.response}",
             "actor.optim.lr=1e-5",
+            *backend,
         ]
-        actor = TorchActor(load_config("tiny-moe-grpo-cpu", overrides))
+        actor = Actor(load_config("tiny-moe-grpo-cpu", overrides))
         result["device"] = str(actor.device)
         plan = micro_batch_rows(actor, data, actor.settings)
         ran = sum(micro_batch_cost([lengths[i] for i in rows], pack) for rows in plan)

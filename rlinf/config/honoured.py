@@ -162,7 +162,10 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.training_backend": (ANY.reads("rlinf.scheduler.roles"),),
     "actor.micro_batch_size": (ANY.reads(POLICY_UPDATE),),
     "actor.max_tokens_per_micro_batch": (ANY.reads(POLICY_UPDATE, VALIDATE),),
-    "actor.pack_sequences": (TORCH_ACTOR.reads(POLICY_UPDATE, TORCH_ACTOR_MODULE),),
+    "actor.pack_sequences": (
+        TORCH_ACTOR.reads(POLICY_UPDATE, TORCH_ACTOR_MODULE),
+        MEGATRON_ACTOR.reads(POLICY_UPDATE, MEGATRON_ACTOR_MODULE),
+    ),
     "actor.global_batch_size": (ANY.reads(POLICY_UPDATE),),
     # A bound checked before start (prompt + response must fit); Megatron also sizes buffers by it.
     "actor.seq_length": (ANY.reads(VALIDATE),),

@@ -155,7 +155,7 @@ class ActorConfig:
     micro_batch_size: int = 4  # doc: sequences per forward/backward (without max_tokens_per_micro_batch)
     # doc: tokens per forward/backward (padded: rows x (longest prompt + longest response); packed: the rows' real tokens): micro-batches of rows of similar length, as many on every DP rank; null = micro_batch_size rows
     max_tokens_per_micro_batch: int | None = None
-    # doc: torch backend: each micro-batch runs as one row of its sequences' real tokens, no padding (block-diagonal causal attention from position ids). Same numbers; with sdpa the mask makes attention cover the whole packed row, so it pays only where padding, not attention, dominates (docs/benchmarks.md); megatron: not yet
+    # doc: each micro-batch runs as one row of its sequences' real tokens, no padding. torch backend: block-diagonal causal attention from position ids; with sdpa the mask makes attention cover the whole packed row, so it pays only where padding, not attention, dominates (docs/benchmarks.md). megatron: THD sequences (PackedSeqParams); the TE-free attention runs one SDPA call per sequence (CPU-verified, GPU speed not measured yet)
     pack_sequences: bool = False
     global_batch_size: int = 32  # doc: sequences per optimizer step (a minibatch), across DP ranks
     seq_length: int = 2048  # doc: max prompt + response tokens

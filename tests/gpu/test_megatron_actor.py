@@ -5,7 +5,8 @@
 - exported HF weights equal the checkpoint's tensors bit for bit before training;
 - one GRPO minibatch gives the same loss and grad norm as the torch actor (fp32);
 - offload frees the weights / grads / optimizer memory and onload restores identical logprobs;
-- save -> train -> load -> train repeats the same step exactly (weights, optimizer state, RNG).
+- save -> train -> load -> train repeats the same step exactly (weights, optimizer state, RNG);
+- `actor.pack_sequences` (THD rows, one SDPA call per sequence) gives the padded forward's logprobs.
 
 Figures go to $RLINF_GPU_FIGURES (JSON lines) when set. Run: bash tests/gpu/run_megatron_checks.sh
 """
@@ -316,3 +317,24 @@ def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_ti
     assert all(a.dtype == b.dtype for a, b in zip(saved_optimizer, loaded_optimizer, strict=True))
     assert ("torch.bfloat16" in dtypes) == (moments == "bf16")
     assert second == pytest.approx(first, rel=1e-4, abs=1e-7)
+
+
+def test_packed_sequences_match_the_padded_forward(megatron_installed, gpu_tiny):
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    batch = synthetic_batch(vocab_of(gpu_tiny), rows=8, response=24, seed=13)
+    got = {}
+    for packed in (False, True):
+        cfg = actor_config(gpu_tiny, "fp32")
+        cfg = replace(cfg, actor=replace(cfg.actor, pack_sequences=packed))
+        actor = MegatronActor(cfg)
+        got[packed] = actor.compute_logprobs(batch).old_logprobs
+        del actor
+        free()
+    mask = batch.response_mask
+    diff = (got[True] - got[False])[mask].abs()
+    record(
+        "packed vs padded logprobs (GPU-tiny fp32)", max_abs_diff=diff.max().item(), tokens=int(mask.sum())
+    )
+    assert (got[True][~mask] == 0).all()
+    assert diff.max().item() <= 1e-4

@@ -36,3 +36,24 @@ def cuda_device_is_cpu():
         patch.setattr(torch.cuda, "current_device", lambda: "cpu")
         patch.setattr(torch.cuda, "synchronize", lambda device=None: None)
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_megatron_checkpoint(tmp_path_factory):
+    """A random fp32 tiny DeepSeek-V3 (layer 0 dense, layers 1-2 MoE), vocab 64."""
+    from actor_on_cpu import VOCAB
+
+    from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
+
+    out = tmp_path_factory.mktemp("tiny-megatron-deepseek-v3")
+    random_deepseek_v3(TinyModelSettings(num_hidden_layers=3), vocab_size=VOCAB).save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def on_cpu(model_parallel):
+    """megatron-core's CUDA allocations, streams and type checks on the CPU (cuda_on_cpu.py)."""
+    from cuda_on_cpu import cuda_on_cpu
+
+    with cuda_on_cpu():
+        yield

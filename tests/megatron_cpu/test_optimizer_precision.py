@@ -31,105 +31,13 @@ pytest.importorskip("megatron.core", reason=REASON)
 if importlib.util.find_spec("megatron.bridge") is None:
     pytest.skip(REASON, allow_module_level=True)
 
-from cuda_on_cpu import cuda_on_cpu  # noqa: E402
+from actor_on_cpu import build_actor, inner_optimizers, masters, moments_of, tokens, train_step  # noqa: E402
 
-from rlinf.config.schema import ActorConfig, Config, ModelConfig, OptimConfig  # noqa: E402
 from rlinf.workers.actor.compact_adamw import CompactAdamW  # noqa: E402
 
-VOCAB = 64
 
-
-@pytest.fixture(scope="module")
-def hf_checkpoint(tmp_path_factory):
-    from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
-
-    out = tmp_path_factory.mktemp("tiny-deepseek-v3")
-    random_deepseek_v3(TinyModelSettings(num_hidden_layers=3), vocab_size=VOCAB).save_pretrained(out)
-    return out
-
-
-@pytest.fixture
-def on_cpu(model_parallel):
-    with cuda_on_cpu():
-        yield
-
-
-def build_actor(path, moments: str):
-    """A MegatronActor built by its own methods, minus the CUDA-only constructor."""
-    from rlinf.models.megatron.settings import translate
-    from rlinf.workers.actor.megatron_actor import MegatronActor
-    from rlinf.workers.actor.policy_update import SkipCounter
-    from rlinf.workers.actor.torch_actor import lr_multiplier
-
-    model = ModelConfig(model_path=str(path), precision="bf16", moe_token_dispatcher_type="allgather")
-    optim = OptimConfig(
-        lr=1e-3,
-        weight_decay=0.01,
-        use_precision_aware_optimizer=True,
-        exp_avg_dtype=moments,
-        exp_avg_sq_dtype=moments,
-    )
-    cfg = Config(actor=ActorConfig(training_backend="megatron", seq_length=64, model=model, optim=optim))
-    actor = object.__new__(MegatronActor)
-    actor.cfg, actor.te_available = cfg, False
-    actor.megatron_settings = translate(cfg.actor, te_available=False)
-    torch.manual_seed(0)
-    actor._build_model(str(path))
-    actor._build_optimizer()
-    actor.optimizer_steps, actor.skips = 0, SkipCounter()
-    actor.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
-    return actor
-
-
-def inner_optimizers(actor) -> list:
-    return [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
-
-
-def masters(actor) -> list[torch.Tensor]:
-    return [
-        p.detach().clone()
-        for inner in inner_optimizers(actor)
-        for g in inner.param_groups
-        for p in g["params"]
-    ]
-
-
-def moments_of(actor) -> list[torch.Tensor]:
-    return [
-        state[key].detach().clone()
-        for inner in inner_optimizers(actor)
-        for g in inner.param_groups
-        for p in g["params"]
-        for key in ("exp_avg", "exp_avg_sq")
-        if key in (state := inner.state[p])
-    ]
-
-
-def train_step(actor, tokens: torch.Tensor, *, counted: bool = False) -> float:
-    """Next-token cross-entropy, one optimizer step of megatron's distributed optimizer
-    (`counted`: through the actor's optimizer_step, which sets the lr and counts the step)."""
-    model = actor.model[0]
-    model.zero_grad_buffer()
-    actor.optimizer.zero_grad()
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    logits = model(input_ids=tokens[:, :-1], position_ids=positions[:, :-1], attention_mask=None)
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-    loss.backward()
-    model.finish_grad_sync()
-    if counted:
-        actor.optimizer_step()
-    else:
-        updated, _, _ = actor.optimizer.step()
-        assert updated
-    return loss.item()
-
-
-def tokens(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(seed))
-
-
-def test_the_recipe_keys_put_bf16_moments_into_the_distributed_optimizer(on_cpu, hf_checkpoint):
-    actor = build_actor(hf_checkpoint, "bf16")
+def test_the_recipe_keys_put_bf16_moments_into_the_distributed_optimizer(on_cpu, tiny_megatron_checkpoint):
+    actor = build_actor(tiny_megatron_checkpoint, "bf16")
     train_step(actor, tokens())
     (inner,) = inner_optimizers(actor)
     assert isinstance(inner, CompactAdamW)
@@ -141,14 +49,14 @@ def test_the_recipe_keys_put_bf16_moments_into_the_distributed_optimizer(on_cpu,
     assert torch.bfloat16 in model_dtypes  # the model computes in bf16
 
 
-def test_bf16_moments_track_the_fp32_state_run(on_cpu, hf_checkpoint):
+def test_bf16_moments_track_the_fp32_state_run(on_cpu, tiny_megatron_checkpoint):
     """30 steps at lr 1e-3 on three batches is chaotic enough that any perturbation grows, so the
     yardstick is a perturbation users would call the same run: the fp32 run with its lr 1% higher.
     bf16 moments must stay closer to the fp32 run than that (seen: 0.14 vs 0.18 update distance,
     losses 0.958 / 0.962 / 0.934)."""
     runs = {}
     for name, moments, lr_scale in (("fp32", "fp32", 1.0), ("bf16", "bf16", 1.0), ("lr+1%", "fp32", 1.01)):
-        actor = build_actor(hf_checkpoint, moments)
+        actor = build_actor(tiny_megatron_checkpoint, moments)
         for inner in inner_optimizers(actor):
             for group in inner.param_groups:
                 group["lr"] *= lr_scale
@@ -171,8 +79,10 @@ def test_bf16_moments_track_the_fp32_state_run(on_cpu, hf_checkpoint):
     assert loss_gap("bf16") < loss_gap("lr+1%")
 
 
-def test_checkpoint_keeps_bf16_moments_and_the_resumed_step_repeats(on_cpu, hf_checkpoint, tmp_path):
-    actor = build_actor(hf_checkpoint, "bf16")
+def test_checkpoint_keeps_bf16_moments_and_the_resumed_step_repeats(
+    on_cpu, tiny_megatron_checkpoint, tmp_path
+):
+    actor = build_actor(tiny_megatron_checkpoint, "bf16")
     for step in range(3):
         train_step(actor, tokens(step), counted=True)
     actor._save(str(tmp_path / "ckpt"))
@@ -194,13 +104,13 @@ def test_checkpoint_keeps_bf16_moments_and_the_resumed_step_repeats(on_cpu, hf_c
     assert steps == {4.0} and actor.optimizer_steps == 4  # Adam's bias correction resumed at 3 (+1)
 
 
-def test_resuming_with_other_moment_dtypes_names_the_keys(on_cpu, hf_checkpoint, tmp_path):
+def test_resuming_with_other_moment_dtypes_names_the_keys(on_cpu, tiny_megatron_checkpoint, tmp_path):
     from rlinf.utils.checkpoint import CheckpointError
 
-    actor = build_actor(hf_checkpoint, "fp32")
+    actor = build_actor(tiny_megatron_checkpoint, "fp32")
     train_step(actor, tokens(), counted=True)
     actor._save(str(tmp_path / "ckpt"))
-    other = build_actor(hf_checkpoint, "bf16")
+    other = build_actor(tiny_megatron_checkpoint, "bf16")
     with pytest.raises(
         CheckpointError, match="Adam moments in fp32/fp32 .*exp_avg_dtype.* keeps them in bf16/bf16"
     ):

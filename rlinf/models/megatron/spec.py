@@ -18,8 +18,9 @@ layers with routed experts as SequentialMLP and shared experts) with those piece
 (rlinf.models.megatron.grouped_experts). The actor uses it only when the real Transformer Engine is
 not importable; with TE the bridge's own TE spec is kept.
 
-Limits of the TE-free attention: no packed (THD) sequences and no context parallelism. The actor
-feeds right-padded sequences, so the causal mask alone keeps real tokens from seeing padding.
+Limits of the TE-free attention: no context parallelism. The actor feeds right-padded sequences
+(the causal mask alone keeps real tokens from seeing padding) or, with `actor.pack_sequences`,
+packed THD sequences, each attending to itself (one SDPA call per sequence).
 """
 
 from __future__ import annotations
@@ -109,12 +110,12 @@ class SDPACoreAttention(MegatronModule):
         packed_seq_params=None,
         **_unused,
     ) -> torch.Tensor:
-        if packed_seq_params is not None:
-            raise ValueError("SDPACoreAttention does not take packed (THD) sequences")
         if attention_bias is not None:
             raise ValueError("SDPACoreAttention does not take an attention bias")
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
         dropout = self.dropout if self.training else 0.0
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params, dropout)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
         if attention_mask is None:
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
@@ -130,6 +131,29 @@ class SDPACoreAttention(MegatronModule):
             )
         b, h, s, d = out.shape
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
+
+    def _packed(self, query, key, value, packed_seq_params, dropout: float) -> torch.Tensor:
+        """THD: [t, heads, dim] tensors holding sequences back to back (cu_seqlens bounds); each
+        sequence attends causally to itself only, one SDPA call per sequence (no cross-sequence
+        block is computed). Returns [t, heads, v_dim]."""
+        if packed_seq_params.qkv_format != "thd":
+            raise ValueError(f"SDPACoreAttention: packed format {packed_seq_params.qkv_format!r}, only 'thd'")
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        if packed_seq_params.cu_seqlens_kv is not None and packed_seq_params.cu_seqlens_kv.tolist() != bounds:
+            raise ValueError("SDPACoreAttention: packed queries and keys must share their sequence bounds")
+        if bounds[0] != 0 or bounds[-1] != query.shape[0]:
+            raise ValueError(
+                f"SDPACoreAttention: cu_seqlens {bounds[0]}..{bounds[-1]} must cover all {query.shape[0]} tokens"
+            )
+        parts = []
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            if end > start:
+                q, k, v = (t[start:end].transpose(0, 1)[None] for t in (query, key, value))  # [1, h, s, d]
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale
+                )
+                parts.append(out[0].transpose(0, 1))
+        return torch.cat(parts)
 
 
 class LocalMLASelfAttention(MLASelfAttention):

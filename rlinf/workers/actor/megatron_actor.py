@@ -8,8 +8,10 @@ model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
   settings (rlinf.models.megatron.settings) -> finalize -> provide_distributed_model (megatron DDP,
   Float16Module). Without Transformer Engine the layer spec is rlinf.models.megatron.spec's.
 - Logprobs: sequences are re-packed right-padded (positions 0..L-1, causal attention, no mask),
-  logits stay vocab-parallel and in the compute dtype, and rlinf.models.megatron.logprobs gives
-  tempered logprobs and entropy. Every TP rank of a DP group computes the same values.
+  or with `actor.pack_sequences` back to back in one THD row (megatron's PackedSeqParams; the
+  TE-free attention runs each sequence on its own); logits stay vocab-parallel and in the compute
+  dtype, and rlinf.models.megatron.logprobs gives tempered logprobs and entropy. Every TP rank of
+  a DP group computes the same values.
 - Training: rlinf.workers.actor.policy_update's loop (shuffle, minibatches, global normaliser,
   early stop / NaN skip from all-reduced values) with megatron's forward_backward_func as the
   micro-batch schedule and megatron-core's distributed optimizer (grad clipping inside `step`).
@@ -200,10 +202,67 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             tokens[i, p : p + r] = micro.response_ids[i]
         return tokens, prompt_lens
 
+    def _packed(self, micro: RolloutBatch):
+        """(tokens [1, T], positions [1, T], PackedSeqParams, index [N]): every row's real tokens
+        back to back (THD, positions restarting per sequence), padded at the end to a multiple of
+        TP under sequence parallelism by one more sequence; `index` is the packed position that
+        predicts each real response token, in row-major order."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        from rlinf.models.logprobs import pack_rows
+
+        mask = torch.cat([micro.prompt_mask.bool(), micro.response_mask.bool()], dim=1)
+        kwargs, where = pack_rows(torch.cat([micro.prompt_ids, micro.response_ids], dim=1), mask)
+        p = micro.prompt_ids.shape[1]
+        index = where[:, p - 1 : p - 1 + micro.response_ids.shape[1]][micro.response_mask.bool()]
+        if bool((index < 0).any()):
+            raise ValueError(
+                "packed logprobs need every real response token right after real tokens (no gaps)"
+            )
+        lengths = mask.sum(1).tolist()
+        tokens, positions = kwargs["input_ids"], kwargs["position_ids"]
+        multiple = self.tp_size if self.cfg.actor.model.sequence_parallel else 1
+        pad = -sum(lengths) % multiple
+        if pad:
+            tokens = torch.cat([tokens, tokens.new_zeros(1, pad)], dim=1)
+            positions = torch.cat([positions, torch.arange(pad)[None]], dim=1)
+            lengths.append(pad)
+        bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(self.device)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=bounds,
+            cu_seqlens_kv=bounds,
+            max_seqlen_q=max(lengths),
+            max_seqlen_kv=max(lengths),
+        )
+        return tokens.to(self.device), positions.to(self.device), params, index.to(self.device)
+
+    def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
+        from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
+
+        tokens, positions, params, index = self._packed(micro)
+        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}
+        logits = model(
+            input_ids=tokens, position_ids=positions, attention_mask=None, packed_seq_params=params, **half
+        )
+        mask = micro.response_mask.to(self.device).bool()
+        logprobs, entropy = vocab_parallel_logprobs(
+            logits[:, index],
+            micro.response_ids.to(self.device)[mask][None],
+            temperature=self.temperature,
+            vocab_start=self.tp_rank * logits.shape[-1],
+            group=self.tp_group,
+        )
+        zeros = torch.zeros(mask.shape, dtype=logprobs.dtype, device=self.device)
+        return zeros.masked_scatter(mask, logprobs[0]), zeros.masked_scatter(mask, entropy[0])
+
     def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Tempered logprobs and entropy [b, R] of the response tokens (0 where masked)."""
         from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
 
+        if self.cfg.actor.pack_sequences:
+            return self._packed_logprobs(model, micro)
         tokens, prompt_lens = self._pack(micro)
         tokens = tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)

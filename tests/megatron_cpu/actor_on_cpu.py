@@ -1,0 +1,88 @@
+"""A MegatronActor on the CPU for tests/megatron_cpu: the actor's own build methods and a plain
+training step, under cuda_on_cpu (one gloo rank)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf.config.schema import ActorConfig, Config, ModelConfig, OptimConfig
+
+VOCAB = 64
+
+
+def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False):
+    """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
+    from rlinf.models.megatron.settings import translate
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+    from rlinf.workers.actor.policy_update import SkipCounter
+    from rlinf.workers.actor.torch_actor import lr_multiplier
+
+    model = ModelConfig(model_path=str(path), precision=precision, moe_token_dispatcher_type="allgather")
+    optim = OptimConfig(
+        lr=1e-3,
+        weight_decay=0.01,
+        use_precision_aware_optimizer=True,
+        exp_avg_dtype=moments,
+        exp_avg_sq_dtype=moments,
+    )
+    actor_cfg = ActorConfig(
+        training_backend="megatron", seq_length=64, model=model, optim=optim, pack_sequences=pack_sequences
+    )
+    cfg = Config(actor=actor_cfg)
+    actor = object.__new__(MegatronActor)
+    actor.cfg, actor.te_available = cfg, False
+    actor.megatron_settings = translate(cfg.actor, te_available=False)
+    torch.manual_seed(0)
+    actor._build_model(str(path))
+    actor._build_optimizer()
+    actor.optimizer_steps, actor.skips = 0, SkipCounter()
+    actor.device, actor.tp_size, actor.tp_rank, actor.tp_group = torch.device("cpu"), 1, 0, None
+    actor.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
+    return actor
+
+
+def inner_optimizers(actor) -> list:
+    return [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
+
+
+def masters(actor) -> list[torch.Tensor]:
+    return [
+        p.detach().clone()
+        for inner in inner_optimizers(actor)
+        for g in inner.param_groups
+        for p in g["params"]
+    ]
+
+
+def moments_of(actor) -> list[torch.Tensor]:
+    return [
+        state[key].detach().clone()
+        for inner in inner_optimizers(actor)
+        for g in inner.param_groups
+        for p in g["params"]
+        for key in ("exp_avg", "exp_avg_sq")
+        if key in (state := inner.state[p])
+    ]
+
+
+def train_step(actor, tokens: torch.Tensor, *, counted: bool = False) -> float:
+    """Next-token cross-entropy, one optimizer step of megatron's distributed optimizer
+    (`counted`: through the actor's optimizer_step, which sets the lr and counts the step)."""
+    model = actor.model[0]
+    model.zero_grad_buffer()
+    actor.optimizer.zero_grad()
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    logits = model(input_ids=tokens[:, :-1], position_ids=positions[:, :-1], attention_mask=None)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    model.finish_grad_sync()
+    if counted:
+        actor.optimizer_step()
+    else:
+        updated, _, _ = actor.optimizer.step()
+        assert updated
+    return loss.item()
+
+
+def tokens(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(seed))
