@@ -67,13 +67,8 @@ def response_logprobs(
     attention_mask = torch.cat([prompt_mask.bool(), response_mask], dim=1)
     num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
     if packed:
-        forward_kwargs, predicting = pack_rows(torch.cat([prompt_ids, response_ids], dim=1), attention_mask)
-        # The packed position before each real response token predicts it (row-major order).
-        predicting = predicting[:, num_prompt - 1 : num_prompt - 1 + num_response][response_mask]
-        if bool((predicting < 0).any()):
-            raise ValueError(
-                "packed logprobs need every real response token right after real tokens (no gaps)"
-            )
+        forward_kwargs, where = pack_rows(torch.cat([prompt_ids, response_ids], dim=1), attention_mask)
+        predicting = packed_predictors(where, num_prompt, response_mask)
     else:
         forward_kwargs = dict(
             input_ids=torch.cat([prompt_ids, response_ids], dim=1),
@@ -120,6 +115,15 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[di
         attention_mask=None,
     )
     return kwargs, where
+
+
+def packed_predictors(where: torch.Tensor, num_prompt: int, response_mask: torch.Tensor) -> torch.Tensor:
+    """The packed position before each real response token, which predicts it (row-major order);
+    `where` from `pack_rows` over cat(prompt [num_prompt columns], response)."""
+    index = where[:, num_prompt - 1 : num_prompt - 1 + response_mask.shape[1]][response_mask.bool()]
+    if bool((index < 0).any()):
+        raise ValueError("packed logprobs need every real response token right after real tokens (no gaps)")
+    return index
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):

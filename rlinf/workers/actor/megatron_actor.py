@@ -209,16 +209,11 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         predicts each real response token, in row-major order."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
-        from rlinf.models.logprobs import pack_rows
+        from rlinf.models.logprobs import pack_rows, packed_predictors
 
         mask = torch.cat([micro.prompt_mask.bool(), micro.response_mask.bool()], dim=1)
         kwargs, where = pack_rows(torch.cat([micro.prompt_ids, micro.response_ids], dim=1), mask)
-        p = micro.prompt_ids.shape[1]
-        index = where[:, p - 1 : p - 1 + micro.response_ids.shape[1]][micro.response_mask.bool()]
-        if bool((index < 0).any()):
-            raise ValueError(
-                "packed logprobs need every real response token right after real tokens (no gaps)"
-            )
+        index = packed_predictors(where, micro.prompt_ids.shape[1], micro.response_mask)
         lengths = mask.sum(1).tolist()
         tokens, positions = kwargs["input_ids"], kwargs["position_ids"]
         multiple = self.tp_size if self.cfg.actor.model.sequence_parallel else 1
