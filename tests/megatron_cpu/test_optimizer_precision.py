@@ -115,3 +115,34 @@ def test_resuming_with_other_moment_dtypes_names_the_keys(on_cpu, tiny_megatron_
         CheckpointError, match="Adam moments in fp32/fp32 .*exp_avg_dtype.* keeps them in bf16/bf16"
     ):
         other._load(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("moments", ["fp32", "bf16"])
+def test_a_fresh_actor_resumes_with_adams_own_step_count(on_cpu, tiny_megatron_checkpoint, tmp_path, moments):
+    """A resume in a new process: the actor has never stepped (megatron's state_dict asserted on its
+    empty state). Adam's count can differ from the loop's optimizer_steps (megatron skips fp16
+    overflow steps itself); the checkpoint keeps Adam's. Here one update bypasses the loop's count."""
+    actor = build_actor(tiny_megatron_checkpoint, moments)
+    for step in range(2):
+        train_step(actor, tokens(step), counted=True)
+    train_step(actor, tokens(2))  # Adam steps, the loop does not count it
+    assert actor.optimizer_steps == 2 and actor._adam_step_count() == 3
+    actor._save(str(tmp_path / "ckpt"))
+    saved_masters, saved_moments = masters(actor), moments_of(actor)
+    after_save = train_step(actor, tokens(5), counted=True)
+    fresh = build_actor(tiny_megatron_checkpoint, moments)
+    fresh._load(str(tmp_path / "ckpt"))
+    steps = {state["step"].item() for inner in inner_optimizers(fresh) for state in inner.state.values()}
+    assert steps == {3.0} and fresh.optimizer_steps == 2
+    assert all(torch.equal(a, b) for a, b in zip(saved_masters, masters(fresh), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(saved_moments, moments_of(fresh), strict=True))
+    assert train_step(fresh, tokens(5), counted=True) == after_save
+    assert all(torch.equal(a, b) for a, b in zip(masters(actor), masters(fresh), strict=True))
+
+
+def test_an_actor_that_never_stepped_saves_a_checkpoint(on_cpu, tiny_megatron_checkpoint, tmp_path):
+    actor = build_actor(tiny_megatron_checkpoint, "fp32")
+    actor._save(str(tmp_path / "ckpt"))  # a stop before the first optimizer step
+    fresh = build_actor(tiny_megatron_checkpoint, "fp32")
+    fresh._load(str(tmp_path / "ckpt"))
+    assert all(torch.equal(a, b) for a, b in zip(masters(actor), masters(fresh), strict=True))
