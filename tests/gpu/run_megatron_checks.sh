@@ -9,7 +9,8 @@
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
 #   optim  the precision-aware optimizer without TE (bf16 moments, CompactAdamW):
-#          tests/gpu/test_megatron_compact_adamw.py, then save / load with fp32 and bf16 moments
+#          tests/gpu/test_megatron_compact_adamw.py, then save / load (same actor, and a fresh one)
+#          with fp32 and bf16 moments
 #   pack   actor.pack_sequences on the Megatron actor: packed vs padded logprobs (GPU-tiny), then
 #          benchmarks/packed_micro_batches.py on the slice, Megatron then torch (varied lengths)
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
@@ -61,7 +62,7 @@ case "$mode" in
     bench --backends megatron ;;
   optim)
     run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40
-    run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k save_load 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
+    run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k "save_load or fresh_actor" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
   pack)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k packed 2>&1 | grep -v "^  \|^$" | tail -n 20
     [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda

@@ -5,7 +5,8 @@
 - exported HF weights equal the checkpoint's tensors bit for bit before training;
 - one GRPO minibatch gives the same loss and grad norm as the torch actor (fp32);
 - offload frees the weights / grads / optimizer memory and onload restores identical logprobs;
-- save -> train -> load -> train repeats the same step exactly (weights, optimizer state, RNG);
+- save -> train -> load -> train repeats the same step exactly (weights, optimizer state, RNG), in
+  the same actor and in a fresh one (a resume in a new process);
 - `actor.pack_sequences` (THD rows, one SDPA call per sequence) gives the padded forward's logprobs.
 
 Figures go to $RLINF_GPU_FIGURES (JSON lines) when set. Run: bash tests/gpu/run_megatron_checks.sh
@@ -338,3 +339,34 @@ def test_packed_sequences_match_the_padded_forward(megatron_installed, gpu_tiny)
     )
     assert (got[True][~mask] == 0).all()
     assert diff.max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("moments", ["fp32", "bf16"])
+def test_a_fresh_actor_resumes_the_saved_state(megatron_installed, gpu_tiny, tmp_path, moments):
+    """The runner's resume in a new process: a second, never-stepped actor loads the checkpoint
+    (megatron-core's state_dict asserted on such an empty optimizer state before the fix; see
+    tests/megatron_cpu/test_optimizer_precision.py) and takes the same next step."""
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    cfg = actor_config(gpu_tiny, "fp32", lr=1e-4, moments=moments)
+    actor = MegatronActor(cfg)
+    batch = synthetic_batch(vocab_of(gpu_tiny), seed=6)
+    actor.train(actor.compute_logprobs(batch), step=0)
+    actor.save(str(tmp_path / "ckpt"))
+    saved_weights, saved_optimizer = actor.named_weights(), optimizer_tensors(actor)
+    first = actor.train(actor.compute_logprobs(batch), step=1)
+    del actor
+    free()
+    fresh = MegatronActor(cfg)
+    fresh.load(str(tmp_path / "ckpt"))
+    loaded_weights, loaded_optimizer = fresh.named_weights(), optimizer_tensors(fresh)
+    second = fresh.train(fresh.compute_logprobs(batch), step=1)
+    del fresh
+    free()
+    record(
+        f"fresh actor resumes (GPU-tiny fp32, {moments} moments)",
+        loss=[first["actor/loss"], second["actor/loss"]],
+    )
+    assert all(torch.equal(saved_weights[n], loaded_weights[n]) for n in saved_weights)
+    assert all(torch.equal(a, b) for a, b in zip(saved_optimizer, loaded_optimizer, strict=True))
+    assert second == pytest.approx(first, rel=1e-4, abs=1e-7)
