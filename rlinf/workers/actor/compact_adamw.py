@@ -117,6 +117,6 @@ class CompactAdamW(torch.optim.Optimizer):
                 denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**t))
                 for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-                    if value is not state[key]:  # an fp32 moment was updated in place
+                    if value is not state[key]:  # a bf16 moment (an fp32 one was updated in place)
                         state[key] = round_to_bf16_stochastically(value)
         return loss
