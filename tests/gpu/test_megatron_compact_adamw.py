@@ -23,7 +23,9 @@ STEPS = 6
 
 def inner_optimizers(actor) -> list:
     """The torch optimizers inside megatron's (chained) distributed optimizer."""
-    return [opt.optimizer for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
+    from rlinf.models.megatron.adam_state import optimizer_parts
+
+    return [part.optimizer for part in optimizer_parts(actor.optimizer)]
 
 
 def master_weights(actor) -> list[torch.Tensor]:

@@ -42,7 +42,9 @@ def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: 
 
 
 def inner_optimizers(actor) -> list:
-    return [part.optimizer for part in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
+    from rlinf.models.megatron.adam_state import optimizer_parts
+
+    return [part.optimizer for part in optimizer_parts(actor.optimizer)]
 
 
 def masters(actor) -> list[torch.Tensor]:

@@ -8,7 +8,7 @@ optimizer (one gloo rank on the CPU, tests/megatron_cpu/cuda_on_cpu.py maps its 
   closely than the same fp32 run with a 1% higher learning rate does (master-weight update, loss);
 - the actor's checkpoint (`_save` / `_load`: dist_checkpointing, dp_reshardable) keeps the bf16
   moments bf16 and bit-equal, and the step after a resume repeats the step after the save exactly
-  (Adam's step count too: megatron's load hands back the current one, `_set_adam_steps` mends it).
+  (Adam's step count too: megatron's load hands back the current one, rlinf.models.megatron.adam_state mends it).
 
 Open: run BEFORE test_grouped_experts.py in the same process, this module's actor build made
 that module's whole-model check against HF fail (1e-4 allowed). What was seen: after one such
@@ -33,6 +33,7 @@ if importlib.util.find_spec("megatron.bridge") is None:
 
 from actor_on_cpu import build_actor, inner_optimizers, masters, moments_of, tokens, train_step  # noqa: E402
 
+from rlinf.models.megatron.adam_state import adam_step_count  # noqa: E402
 from rlinf.workers.actor.compact_adamw import CompactAdamW  # noqa: E402
 
 
@@ -126,7 +127,7 @@ def test_a_fresh_actor_resumes_with_adams_own_step_count(on_cpu, tiny_megatron_c
     for step in range(2):
         train_step(actor, tokens(step), counted=True)
     train_step(actor, tokens(2))  # Adam steps, the loop does not count it
-    assert actor.optimizer_steps == 2 and actor._adam_step_count() == 3
+    assert actor.optimizer_steps == 2 and adam_step_count(actor.optimizer) == 3
     actor._save(str(tmp_path / "ckpt"))
     saved_masters, saved_moments = masters(actor), moments_of(actor)
     after_save = train_step(actor, tokens(5), counted=True)

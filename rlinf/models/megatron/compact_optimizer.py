@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlinf.models.megatron.adam_state import optimizer_parts
 from rlinf.workers.actor.compact_adamw import CompactAdamW
 
 
@@ -25,7 +26,7 @@ def _init_compact_states(optimizer: CompactAdamW, config: Any = None) -> None:
 def use_compact_adamw(optimizer: Any, exp_avg_dtype: str, exp_avg_sq_dtype: str) -> int:
     """Swap the AdamW inside `optimizer` (a DistributedOptimizer or a ChainedOptimizer of them)
     for CompactAdamW; returns how many were swapped."""
-    parts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    parts = optimizer_parts(optimizer)
     for part in parts:
         inner = part.optimizer
         if type(inner) is not torch.optim.AdamW or inner.state:

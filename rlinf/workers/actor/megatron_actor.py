@@ -35,6 +35,7 @@ import torch
 
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
+from rlinf.models.megatron.adam_state import adam_step_count, ensure_adam_states, set_adam_steps
 from rlinf.utils.checkpoint import CheckpointError
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
 from rlinf.workers.actor.policy_update import (
@@ -486,41 +487,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         with self._resident():
             self._load(directory)
 
-    def _adam_states(self) -> list[dict]:
-        """The per-parameter states of the torch optimizers inside megatron's (chained) optimizer."""
-        parts = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
-        return [state for part in parts for state in part.optimizer.state.values()]
-
-    def _adam_step_count(self) -> int:
-        """Adam's step count, as its bias correction sees it (every parameter steps together). It can
-        trail `optimizer_steps` where megatron skips an update itself (fp16 loss-scale overflow)."""
-        return int(max((float(s["step"]) for s in self._adam_states() if "step" in s), default=0))
-
-    def _ensure_adam_states(self) -> None:
-        """Every parameter's Adam state exists, `step` included, before a checkpoint is built.
-
-        Without TE, megatron-core's DistributedOptimizer.state_dict() reads `state["step"]` of every
-        parameter and asserts they agree, before its own state initialiser runs, and that
-        initialiser makes no `step`. So a fresh actor (a resume in a new process) or one that has
-        not stepped yet failed with a bare AssertionError. Zero moments and step 0 are what a fresh
-        Adam holds; a load then overwrites them (the step through `_set_adam_steps`)."""
-        if self.te_available:  # FusedAdam keeps its step in the param groups
-            return
-        for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            part.init_state_fn(part.optimizer, part.config)
-            for state in part.optimizer.state.values():
-                state.setdefault("step", torch.tensor(0.0))
-
-    def _set_adam_steps(self, steps: int) -> None:
-        """Adam's per-parameter step count from the checkpoint. megatron-core's dp_reshardable load
-        takes a 0-dim `step` tensor from the *current* state (it is no ShardedTensor, so the
-        template's value comes back): a reload in the same process kept the later count, and a
-        fresh optimizer whose state holds `step` (CompactAdamW) restarted at 0. (TE's FusedAdam keeps
-        its step in the param groups, which megatron restores itself.)"""
-        for state in self._adam_states():
-            if "step" in state:
-                state["step"] = torch.tensor(float(steps))
-
     def _adam_moments(self) -> list[str]:
         """The dtypes (exp_avg, exp_avg_sq) this actor's optimizer keeps its Adam moments in."""
         o = self.cfg.actor.optim
@@ -561,7 +527,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             ckpt.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         _without_psutil_memory_log()
-        self._ensure_adam_states()
+        if not self.te_available:  # rlinf.models.megatron.adam_state: megatron trips over `step`
+            ensure_adam_states(self.optimizer)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(ckpt))
         rng = {
             "torch": torch.get_rng_state(),
@@ -575,7 +542,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 "skips": (self.skips.consecutive, self.skips.total),
                 "grouped_experts": self.megatron_settings.grouped_experts,
                 "adam_moments": self._adam_moments(),
-                "adam_steps": self._adam_step_count(),
+                "adam_steps": adam_step_count(self.optimizer),
             }
             torch.save(loop, path / LOOP_STATE_FILE)
         dist.barrier()
@@ -591,7 +558,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
             self._check_same_layout(path)
-            self._ensure_adam_states()
+            if not self.te_available:
+                ensure_adam_states(self.optimizer)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
             # The optimizer copies into main params that require grad (fp32: the model's own).
             with torch.no_grad():
@@ -608,5 +576,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         torch.cuda.set_rng_state(rng["cuda"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
         self.optimizer_steps = loop["optimizer_steps"]
-        self._set_adam_steps(loop.get("adam_steps", self.optimizer_steps))
+        if not self.te_available:
+            set_adam_steps(self.optimizer, loop.get("adam_steps", self.optimizer_steps))
         self.skips = SkipCounter(*loop["skips"])
