@@ -268,7 +268,9 @@ def test_offload_frees_memory_and_onload_restores_the_model(megatron_installed, 
 def optimizer_tensors(actor) -> list[torch.Tensor]:
     """fp32 master weights and Adam moments of megatron's (chained, distributed) optimizer, on CPU."""
     out = []
-    for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
+    from rlinf.models.megatron.adam_state import optimizer_parts
+
+    for opt in optimizer_parts(actor.optimizer):
         inner = opt.optimizer
         for group in inner.param_groups:
             for p in group["params"]:
