@@ -2,7 +2,7 @@
 # The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
 # carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|pack|grouped|all]   (default: all)
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|resume|pack|grouped|all]   (default: all)
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
@@ -11,6 +11,7 @@
 #   optim  the precision-aware optimizer without TE (bf16 moments, CompactAdamW):
 #          tests/gpu/test_megatron_compact_adamw.py, then save / load (same actor, and a fresh one)
 #          with fp32 and bf16 moments
+#   resume the save / load half of optim alone
 #   pack   actor.pack_sequences on the Megatron actor: packed vs padded logprobs (GPU-tiny), then
 #          benchmarks/packed_micro_batches.py on the slice, Megatron then torch (varied lengths)
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
@@ -60,8 +61,8 @@ case "$mode" in
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     bench --backends megatron ;;
-  optim)
-    run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+  optim) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
+  optim|resume)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k "save_load or fresh_actor" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
   pack)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k packed 2>&1 | grep -v "^  \|^$" | tail -n 20
@@ -71,7 +72,7 @@ case "$mode" in
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
   smoke|actor|grpo|bench|all) ;;
-  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|pack|grouped|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|resume|pack|grouped|all]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 exit $status

@@ -113,13 +113,18 @@ def test_refuses_low_precision_master_weights_and_unknown_dtypes():
 
 
 class _DistributedOptimizerLike:
-    """What use_compact_adamw touches on megatron-core's DistributedOptimizer."""
+    """What use_compact_adamw touches on megatron-core's DistributedOptimizer. Like megatron, it
+    builds torch AdamW over the model's parameters, then puts its master shards in their place:
+    for an fp32 model these are views of the parameters (non-leaf tensors), which torch's
+    optimizer constructor would refuse."""
 
-    def __init__(self, params, weight_decay: float) -> None:
+    def __init__(self, params, weight_decay: float, *, shards_are_views: bool = False) -> None:
         groups = [
             {"params": params, "wd_mult": 1.0, "is_expert_parallel": False, "weight_decay": weight_decay}
         ]
         self.optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.8, 0.9), eps=1e-6)
+        if shards_are_views:
+            self.optimizer.param_groups[0]["params"] = [p.view(-1)[1:] for p in params]
         self.init_state_fn = None
 
 
@@ -142,6 +147,25 @@ def test_use_compact_adamw_swaps_each_inner_adamw_and_keeps_megatrons_param_grou
     assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
     with pytest.raises(RuntimeError, match="fresh torch AdamW, found CompactAdamW"):
         use_compact_adamw(dense, "bf16", "bf16")
+
+
+def test_use_compact_adamw_takes_fp32_master_shards_that_are_views_of_the_model_params():
+    """An fp32 model (megatron's fp32 path): the shards are non-leaf views, updated in place."""
+    from rlinf.models.megatron.compact_optimizer import use_compact_adamw
+
+    param = torch.nn.Parameter(torch.arange(5.0))
+    part = _DistributedOptimizerLike([param], weight_decay=0.0, shards_are_views=True)
+    (shard,) = part.optimizer.param_groups[0]["params"]
+    assert not shard.is_leaf
+    assert use_compact_adamw(part, "bf16", "bf16") == 1
+    assert part.optimizer.param_groups[0]["params"][0] is shard
+    shard.grad = torch.ones(4)
+    part.optimizer.step()
+    with torch.no_grad():
+        assert param[0] == 0.0 and torch.all(param[1:] < torch.arange(1.0, 5.0))  # only the shard moved
+    with pytest.raises(ValueError, match="fp32 master weights"):
+        half = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+        use_compact_adamw(_DistributedOptimizerLike([half], 0.0), "bf16", "bf16")
 
 
 def test_a_step_tensor_shared_by_all_parameters_counts_once_per_step():

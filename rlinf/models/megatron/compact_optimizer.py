@@ -35,7 +35,7 @@ def use_compact_adamw(optimizer: Any, exp_avg_dtype: str, exp_avg_sq_dtype: str)
                 f"{' with state' if inner.state else ''} (is Transformer Engine or apex installed?)"
             )
         group = inner.defaults
-        part.optimizer = CompactAdamW(
+        part.optimizer = CompactAdamW.over_groups(
             inner.param_groups,
             lr=group["lr"],
             betas=group["betas"],

@@ -65,6 +65,25 @@ class CompactAdamW(torch.optim.Optimizer):
             "exp_avg_sq": STORE_DTYPES[exp_avg_sq_dtype],
         }
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self._check_masters()
+
+    @classmethod
+    def over_groups(cls, param_groups: list[dict[str, Any]], **kwargs: Any) -> CompactAdamW:
+        """CompactAdamW over param groups another optimizer already holds, kept as they are (the same
+        list and dicts). megatron-core's distributed optimizer builds its inner optimizer this way:
+        its fp32 master shards of an fp32 model are views of the parameters, non-leaf tensors that
+        torch's optimizer constructor refuses, updated in place."""
+        placeholder = torch.zeros(0, requires_grad=True)
+        optimizer = cls([placeholder], **kwargs)
+        defaults = optimizer.defaults
+        for group in param_groups:
+            for key, value in defaults.items():
+                group.setdefault(key, value)
+        optimizer.param_groups = param_groups
+        optimizer._check_masters()
+        return optimizer
+
+    def _check_masters(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.float32:
