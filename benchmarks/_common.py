@@ -11,12 +11,24 @@ import json
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 # NVIDIA H200 SXM dense bf16 tensor-core peak (no sparsity), the denominator of every MFU here.
 H200_BF16_PEAK_FLOPS = 989.4e12
+
+
+def ensure_tokenizer(model_dir: str | Path) -> None:
+    """The HF actor loads a tokenizer with its model; a random slice has none. The benchmarks feed
+    token ids, so any tokenizer does: write the tiny model's character tokenizer where none is."""
+    if list(Path(model_dir).glob("tokenizer*")):
+        return
+    from rlinf.data.synthetic import SYNTHETIC_CHARSET
+    from rlinf.models.tiny_tokenizer import build_char_tokenizer
+
+    build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(str(model_dir))
 
 
 def emit(result: dict[str, Any]) -> None:

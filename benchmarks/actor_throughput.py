@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from _common import ensure_tokenizer
 
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
@@ -121,13 +122,7 @@ def main() -> None:
     parser.add_argument("--megatron-grouped-gemm", action="store_true", help="actor.model.moe_grouped_gemm")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
-    if not list(Path(args.model).glob("tokenizer*")):
-        # The HF actor loads a tokenizer with its model; a random slice has none. The benchmark
-        # feeds token ids, so any tokenizer does: write the tiny model's character tokenizer.
-        from rlinf.data.synthetic import SYNTHETIC_CHARSET
-        from rlinf.models.tiny_tokenizer import build_char_tokenizer
-
-        build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(args.model)
+    ensure_tokenizer(args.model)
     cfg = Config(
         runner=RunnerConfig(seed=1),
         algorithm=AlgorithmConfig(),

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import ensure_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -75,6 +76,7 @@ def main() -> None:
     backend = [] if args.backend == "torch" else ["actor.training_backend=megatron", "actor.num_threads=null"]
 
     model = args.model or str(build_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", bootstrap=False))
+    ensure_tokenizer(model)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     data = varied_batch(vocab, args.rows, args.prompt, args.response)
     real = int(data.prompt_mask.sum() + data.response_mask.sum())

@@ -40,7 +40,9 @@ if ! python3 -c "import pytest" 2>/dev/null; then
 fi
 PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
-run() { echo "== $*"; "$@" || status=1; }
+# A failing check sets status even inside a pipeline (`run ... | tail`, a subshell): it leaves a mark.
+failed=/tmp/megatron-checks-failed.$$
+run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
 bench() {  # extra benchmarks/actor_throughput.py arguments
   [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
@@ -75,4 +77,5 @@ case "$mode" in
   *) echo "usage: $0 [smoke|actor|grpo|bench|optim|resume|pack|grouped|all]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
+[ -e "$failed" ] && { rm -f "$failed"; status=1; }
 exit $status
