@@ -233,49 +233,43 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         )
         return tokens.to(self.device), positions.to(self.device), params, index.to(self.device)
 
-    def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
+    def _logits(self, model, tokens: torch.Tensor, positions: torch.Tensor, **extra) -> torch.Tensor:
+        """Vocab-parallel logits [b, T, V / TP], kept in the compute dtype (Float16Module's
+        fp32_output off); logprobs.py upcasts chunk by chunk."""
+        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}
+        return model(input_ids=tokens, position_ids=positions, attention_mask=None, **extra, **half)
+
+    def _tempered(self, picked: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tempered logprobs and entropy of `targets` under the picked vocab-parallel logits."""
         from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
 
-        tokens, positions, params, index = self._packed(micro)
-        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}
-        logits = model(
-            input_ids=tokens, position_ids=positions, attention_mask=None, packed_seq_params=params, **half
-        )
-        mask = micro.response_mask.to(self.device).bool()
-        logprobs, entropy = vocab_parallel_logprobs(
-            logits[:, index],
-            micro.response_ids.to(self.device)[mask][None],
-            temperature=self.temperature,
-            vocab_start=self.tp_rank * logits.shape[-1],
+        return vocab_parallel_logprobs(
+            picked, targets, temperature=self.temperature, vocab_start=self.tp_rank * picked.shape[-1],
             group=self.tp_group,
-        )
+        )  # fmt: skip
+
+    def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
+        tokens, positions, params, index = self._packed(micro)
+        logits = self._logits(model, tokens, positions, packed_seq_params=params)
+        mask = micro.response_mask.to(self.device).bool()
+        logprobs, entropy = self._tempered(logits[:, index], micro.response_ids.to(self.device)[mask][None])
         zeros = torch.zeros(mask.shape, dtype=logprobs.dtype, device=self.device)
         return zeros.masked_scatter(mask, logprobs[0]), zeros.masked_scatter(mask, entropy[0])
 
     def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Tempered logprobs and entropy [b, R] of the response tokens (0 where masked)."""
-        from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
-
         if self.cfg.actor.pack_sequences:
             return self._packed_logprobs(model, micro)
         tokens, prompt_lens = self._pack(micro)
         tokens = tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
-        # Logits stay in the compute dtype ([b, T, V / TP]); logprobs.py upcasts chunk by chunk.
-        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}  # Float16Module's
-        logits = model(input_ids=tokens, position_ids=positions, attention_mask=None, **half)
+        logits = self._logits(model, tokens, positions)
         r = micro.response_ids.shape[1]
         # Column p - 1 + j (the token before response token j) predicts response token j.
         index = (prompt_lens.to(self.device) - 1)[:, None] + torch.arange(r, device=self.device)[None]
         picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
-        logprobs, entropy = vocab_parallel_logprobs(
-            picked,
-            micro.response_ids.to(self.device),
-            temperature=self.temperature,
-            vocab_start=self.tp_rank * logits.shape[-1],
-            group=self.tp_group,
-        )
+        logprobs, entropy = self._tempered(picked, micro.response_ids.to(self.device))
         mask = micro.response_mask.to(self.device).bool()
         return logprobs.masked_fill(~mask, 0.0), entropy.masked_fill(~mask, 0.0)
 
