@@ -76,6 +76,11 @@ case "${1:-}" in
   loop)
     use_project_stack
     use_pytest
+    # FRESH_KERNEL_CACHES=1: this run compiles its triton / inductor kernels anew (the diagnostic for
+    # the engine fault that follows the order of runs on a machine; docs/sglang.md)
+    if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
+      export TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-cache.XXXX)
+    fi
     RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     status=${PIPESTATUS[0]}
