@@ -14,6 +14,7 @@ import contextlib
 import functools
 
 import torch
+from torch.utils import _device
 
 FACTORIES = (
     "tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange", "rand", "randn", "randint",
@@ -82,6 +83,11 @@ def cuda_on_cpu():
         (torch.cuda, "set_rng_state"): lambda state, device="cuda": None,
     }
     saved = {key: getattr(*key) for key in patches}
+    # `with torch.device(...)` only redirects the functions in torch's lru_cached set of device
+    # constructors, built on first use. Built while torch.empty & co. were our wrappers, it would
+    # keep the wrappers after the exit: transformers' meta-device init then made real CPU tensors
+    # and `from_pretrained` left non-persistent buffers (RoPE's inv_freq) as uninitialised memory.
+    _device._device_constructors()  # cached with torch's own functions, before the patches
     for (owner, name), value in patches.items():
         setattr(owner, name, value)
     try:
@@ -89,3 +95,4 @@ def cuda_on_cpu():
     finally:
         for (owner, name), value in saved.items():
             setattr(owner, name, value)
+        _device._device_constructors.cache_clear()  # in case it was rebuilt with the wrappers
