@@ -134,6 +134,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "algorithm.early_stop_imp_ratio": (ANY.reads(POLICY_UPDATE),),
     "algorithm.rollout_is.mode": (ANY.reads(POLICY_LOSS),),
     "algorithm.rollout_is.clip": (ANY.reads(POLICY_LOSS),),
+    "algorithm.recompute_logprobs": (ANY.reads(RUNNER, VALIDATE),),
     # sampling: converted once into SamplingParams, which every rollout backend receives
     "algorithm.sampling_params.temperature": (ANY.reads(SAMPLING),),
     "algorithm.sampling_params.top_p": (ANY.reads(SAMPLING),),

@@ -75,6 +75,12 @@ def check_algorithm_ranges(cfg: Config) -> None:
         raise ConfigError("algorithm.rollout_is.clip must be > 0")
     if a.val_n < 1:
         raise ConfigError("algorithm.val_n must be >= 1")
+    if not a.recompute_logprobs and (a.rollout_is.mode != "none" or a.kl_beta > 0):
+        raise ConfigError(
+            "algorithm.recompute_logprobs: false leaves no actor forward before training, which "
+            f"algorithm.rollout_is.mode ({a.rollout_is.mode!r}) and algorithm.kl_beta ({a.kl_beta}) need: "
+            "set rollout_is.mode: none and kl_beta: 0, or recompute_logprobs: true"
+        )
     if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k == 0 or s.top_k < -1:
         raise ConfigError("algorithm.sampling_params: temperature >= 0, 0 < top_p <= 1, top_k = -1 or >= 1")
     if not 0 <= s.min_new_tokens <= s.max_new_tokens or s.max_new_tokens < 1:

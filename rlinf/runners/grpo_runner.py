@@ -90,8 +90,11 @@ class GRPORunner:
         )
         batch = replace(batch, advantages=advantages.advantages)
         self.memory.before_actor()  # colocated: the rollout frees the GPUs, the actor comes back
-        with self.timer.phase("logprobs"):
-            batch = roles.actor.compute_logprobs(batch)
+        if a.recompute_logprobs:
+            with self.timer.phase("logprobs"):
+                batch = roles.actor.compute_logprobs(batch)
+        else:  # pi_old is the behaviour policy as the rollout reported it
+            batch = replace(batch, old_logprobs=batch.rollout_logprobs)
         with self.timer.phase("train"):
             actor_metrics = roles.actor.train(batch, self.step)
         self.memory.sync_and_resume(lambda: sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb))
@@ -101,9 +104,10 @@ class GRPORunner:
             **actor_metrics,
             **self.memory.pop_metrics(),
         }
-        metrics.update(
-            logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask)
-        )
+        if a.recompute_logprobs:  # without the recompute there is nothing to compare
+            metrics.update(
+                logprob_mismatch_metrics(batch.rollout_logprobs, batch.old_logprobs, batch.response_mask)
+            )
         metrics.update(self.timer.pop())
         metrics["time/step"] = time.perf_counter() - step_start
         metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]

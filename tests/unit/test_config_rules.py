@@ -54,6 +54,18 @@ CASES = [
         "algorithm.rollout_is.clip must be > 0",
     ),
     ("check_algorithm_ranges", TINY, ["algorithm.val_n=0"], "algorithm.val_n must be >= 1"),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.recompute_logprobs=false", "algorithm.rollout_is.mode=token_tis"],
+        "algorithm.recompute_logprobs: false leaves no actor forward",
+    ),
+    (
+        "check_algorithm_ranges",
+        TINY,
+        ["algorithm.recompute_logprobs=false", "algorithm.kl_beta=0.01"],
+        "algorithm.kl_beta (0.01) need",
+    ),
     ("check_algorithm_ranges", TINY, ["algorithm.sampling_params.top_k=0"], "top_k = -1 or >= 1"),
     (
         "check_algorithm_ranges",
