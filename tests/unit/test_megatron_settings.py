@@ -113,20 +113,18 @@ def test_grouped_experts_without_transformer_engine_refuse_expert_tensor_paralle
 def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(tmp_path, written, now):
     """The distributed optimizer's flat state follows the experts' parameter order (SequentialMLP's
     and the grouped experts' differ); `written` None: a checkpoint from before the key existed."""
-    import torch
 
     from rlinf.utils.checkpoint import CheckpointError
-    from rlinf.workers.actor.megatron_actor import LOOP_STATE_FILE, MegatronActor
+    from rlinf.workers.actor.megatron_actor import MegatronActor
 
     loop = {"optimizer_steps": 3} | ({} if written is None else {"grouped_experts": written})
-    torch.save(loop, tmp_path / LOOP_STATE_FILE)
     actor = types.SimpleNamespace(
         megatron_settings=types.SimpleNamespace(grouped_experts=now), _adam_moments=lambda: ["fp32", "fp32"]
     )
     with pytest.raises(CheckpointError, match="moe_grouped_gemm"):
-        MegatronActor._check_same_layout(actor, tmp_path)
+        MegatronActor._check_same_layout(actor, tmp_path, loop)
     actor.megatron_settings.grouped_experts = bool(written)
-    MegatronActor._check_same_layout(actor, tmp_path)
+    MegatronActor._check_same_layout(actor, tmp_path, loop)
 
 
 @pytest.mark.parametrize(("written", "now"), [(None, ["bf16", "bf16"]), (["bf16", "bf16"], ["fp32", "fp32"])])
@@ -134,21 +132,19 @@ def test_an_actor_checkpoint_resumes_only_with_the_adam_moment_dtypes_it_was_wri
     tmp_path, written, now
 ):
     """`written` None: a checkpoint from before the key existed (fp32 moments)."""
-    import torch
 
     from rlinf.utils.checkpoint import CheckpointError
-    from rlinf.workers.actor.megatron_actor import LOOP_STATE_FILE, MegatronActor
+    from rlinf.workers.actor.megatron_actor import MegatronActor
 
     loop = {"optimizer_steps": 3} | ({} if written is None else {"adam_moments": written})
-    torch.save(loop, tmp_path / LOOP_STATE_FILE)
     actor = types.SimpleNamespace(
         megatron_settings=types.SimpleNamespace(grouped_experts=False), _adam_moments=lambda: now
     )
     moments = "/".join(written or ["fp32", "fp32"])
     with pytest.raises(CheckpointError, match=f"Adam moments in {moments} .* keeps them in {'/'.join(now)}"):
-        MegatronActor._check_same_layout(actor, tmp_path)
+        MegatronActor._check_same_layout(actor, tmp_path, loop)
     actor._adam_moments = lambda: written or ["fp32", "fp32"]
-    MegatronActor._check_same_layout(actor, tmp_path)
+    MegatronActor._check_same_layout(actor, tmp_path, loop)
 
 
 def test_the_adam_moment_dtypes_are_the_recipes_only_with_the_precision_aware_optimizer():

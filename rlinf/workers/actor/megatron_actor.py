@@ -486,7 +486,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         o = self.cfg.actor.optim
         return [o.exp_avg_dtype, o.exp_avg_sq_dtype] if o.use_precision_aware_optimizer else ["fp32", "fp32"]
 
-    def _check_same_layout(self, path: Path) -> None:
+    def _check_same_layout(self, path: Path, loop: dict) -> None:
         """What a checkpoint's optimizer state must share with this actor to load into it.
 
         - The experts: the distributed optimizer's state is saved as flat buffers in parameter
@@ -495,7 +495,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
           silently.
         - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
           with an empty message)."""
-        loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
         written = loop.get("grouped_experts", False)
         if written != self.megatron_settings.grouped_experts:
             raise CheckpointError(
@@ -551,7 +550,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             if not needed.exists():
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
-            self._check_same_layout(path)
+            loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
+            self._check_same_layout(path, loop)
             if not self.te_available:
                 ensure_adam_states(self.optimizer)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
@@ -560,7 +560,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
                 self.model[0].module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             rng = torch.load(path / RNG_FILE.format(rank=dist.get_rank()), weights_only=False)
-            loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
         except CheckpointError:
             raise
         except Exception as err:
