@@ -138,8 +138,9 @@ class SDPACoreAttention(MegatronModule):
         block is computed). Returns [t, heads, v_dim]."""
         if packed_seq_params.qkv_format != "thd":
             raise ValueError(f"SDPACoreAttention: packed format {packed_seq_params.qkv_format!r}, only 'thd'")
-        bounds = packed_seq_params.cu_seqlens_q.tolist()
-        if packed_seq_params.cu_seqlens_kv is not None and packed_seq_params.cu_seqlens_kv.tolist() != bounds:
+        bounds = packed_seq_params.cu_seqlens_q.tolist()  # one host sync per layer
+        kv = packed_seq_params.cu_seqlens_kv  # the actor passes the q tensor itself: no second sync
+        if kv is not None and kv is not packed_seq_params.cu_seqlens_q and kv.tolist() != bounds:
             raise ValueError("SDPACoreAttention: packed queries and keys must share their sequence bounds")
         if bounds[0] != 0 or bounds[-1] != query.shape[0]:
             raise ValueError(
