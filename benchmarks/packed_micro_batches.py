@@ -71,9 +71,10 @@ def main() -> None:
 
     if args.backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
+
+        backend = ["actor.training_backend=megatron", "actor.num_threads=null"]
     else:
-        Actor = TorchActor
-    backend = [] if args.backend == "torch" else ["actor.training_backend=megatron", "actor.num_threads=null"]
+        Actor, backend = TorchActor, []
 
     model = args.model or str(build_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", bootstrap=False))
     ensure_tokenizer(model)
