@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -176,6 +178,13 @@ def main() -> None:
         help="override an Engine argument, e.g. attention_backend=flashinfer, sampling_backend=flashinfer",
     )
     parser.add_argument("--sglang-profile", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--sglang-variants",
+        default="{}",
+        metavar="JSON",
+        help='more engines measured after the base one, in the same run: {"name": {engine kwargs..., '
+        '"env": {VAR: value}}}, e.g. {"tuned_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": "/abs/moe_configs"}}}',
+    )
     args = parser.parse_args()
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -248,24 +257,51 @@ def main() -> None:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-        engine = start_sglang(Path(args.checkpoint), args)
-        try:
-            for batch in batches:
-                prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-                run_sglang(prompts[:8], 4, engine)
-                add_run(
-                    entries[batch],
-                    "sglang",
-                    batch * args.new_tokens,
-                    run_sglang(prompts, args.new_tokens, engine),
-                )
-            if args.sglang_profile:
-                result["sglang_decode_profile"] = profile_sglang_decode(
-                    engine, random_prompts(batches[-1], args.prompt_len, vocab, seed=7), args.sglang_profile
-                )
-        finally:
-            engine.shutdown()
+        variants = {"sglang": {}, **{f"sglang:{k}": v for k, v in json.loads(args.sglang_variants).items()}}
+        for name, variant in variants.items():
+            try:
+                profile = measure_sglang(name, variant, entries, batches, vocab, args)
+            except Exception as exc:  # a variant the installed SGLang cannot run: say so, go on
+                result.setdefault("sglang_variant_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
+                print({name: result["sglang_variant_errors"][name]}, file=sys.stderr, flush=True)
+                continue
+            if profile:
+                result.setdefault("sglang_decode_profile", {})[name] = profile
     emit(result)
+
+
+def measure_sglang(
+    name: str, variant: dict, entries: dict, batches: list[int], vocab: int, args
+) -> dict | None:
+    """One engine (base arguments + the variant's, under the variant's extra environment), every
+    batch, then the optional decode profile; the engine is shut down before the next variant."""
+    variant = dict(variant)
+    env = {k: str(v) for k, v in variant.pop("env", {}).items()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the engine's processes inherit it at start
+    try:
+        engine = start_sglang(Path(args.checkpoint), args, variant)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        for batch in batches:
+            prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+            run_sglang(prompts[:8], 4, engine)
+            seconds = run_sglang(prompts, args.new_tokens, engine)
+            add_run(
+                entries[batch],
+                name,
+                batch * args.new_tokens,
+                seconds,
+                **({"variant": variant, "env": env} if variant or env else {}),
+            )
+        if args.sglang_profile:
+            prompts = random_prompts(batches[-1], args.prompt_len, vocab, seed=7)
+            return profile_sglang_decode(engine, prompts, args.sglang_profile / name.replace(":", "-"))
+        return None
+    finally:
+        engine.shutdown()
 
 
 def add_run(entry: dict, backend: str, tokens: int, seconds: float, **extra) -> None:
@@ -326,7 +362,6 @@ def checkpoint_weight_bytes(checkpoint: Path) -> int:
 
 def parse_engine_args(pairs: list[str]) -> dict:
     """KEY=VALUE strings -> Engine kwargs; values read as JSON where they parse (numbers, booleans)."""
-    import json
 
     out = {}
     for pair in pairs:
@@ -340,7 +375,7 @@ def parse_engine_args(pairs: list[str]) -> dict:
     return out
 
 
-def start_sglang(checkpoint: Path, args):
+def start_sglang(checkpoint: Path, args, variant: dict):
     import sglang
 
     max_batch = max(int(b) for b in args.batches.split(","))
@@ -358,6 +393,7 @@ def start_sglang(checkpoint: Path, args):
         "log_level": "error",
     }
     kwargs.update(parse_engine_args(args.sglang_arg))
+    kwargs.update(variant)
     print({"sglang_engine_args": kwargs}, file=sys.stderr, flush=True)
     engine = sglang.Engine(**kwargs)
     return engine

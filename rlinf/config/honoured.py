@@ -220,6 +220,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "rollout.weight_sync_bucket_mb": (ANY.reads(RUNNER, CHECKPOINTING),),
     "rollout.sglang.enable_ep_moe": _sglang_only(),
     "rollout.sglang.attention_backend": _sglang_only(),
+    "rollout.sglang.decode_attention_backend": _sglang_only(),
     "rollout.sglang.cuda_graph_max_bs": _sglang_only(),
     "rollout.sglang.max_running_requests": _sglang_only(),
     "rollout.sglang.deterministic_inference": _sglang_only(),

@@ -4,8 +4,11 @@ and the classes our IPC payload pickles are where SGLang's SafeUnpickler allows 
 
 import dataclasses
 import inspect
+from dataclasses import replace
+from pathlib import Path
 
 from rlinf.config.schema import Config
+from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import engine_kwargs, sampling_dicts
 from rlinf.workers.rollout.sglang_engine import SGLANG_CALLS
@@ -24,7 +27,9 @@ def test_server_args_have_every_field_we_set(sglang_installed):
     from sglang.srt.server_args import ServerArgs
 
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
-    ours = set(engine_kwargs(Config(), model_path="/x", colocated=True)) | {"custom_sigquit_handler"}
+    split = replace(Config().rollout.sglang, decode_attention_backend="flashmla")
+    cfg = replace(Config(), rollout=replace(Config().rollout, sglang=split))
+    ours = set(engine_kwargs(cfg, model_path="/x", colocated=True)) | {"custom_sigquit_handler"}
     assert not ours - fields, f"ServerArgs lacks {sorted(ours - fields)}"
     assert "enable_ep_moe" not in fields  # why rollout.sglang.enable_ep_moe maps to ep_size
 
@@ -46,3 +51,18 @@ def test_ipc_payload_classes_are_unpicklable_by_sglang(sglang_installed):
     assert any(module.startswith(p) for p in SafeUnpickler.ALLOWED_MODULE_PREFIXES)
     fields = {f.name for f in dataclasses.fields(FlattenedTensorMetadata)}
     assert fields == {"name", "shape", "dtype", "start_idx", "end_idx", "numel"}
+
+
+def test_moe_tables_use_sglangs_names_and_fill_a_gap(sglang_installed, monkeypatch):
+    """Our tuned tables are found only under SGLang's own file names, and pointing an engine at
+    our folder hides nothing SGLang ships: it has no table for these shapes on any GPU."""
+    from sglang.srt.layers.moe.moe_runner import triton_utils
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as lookup
+
+    shipped = Path(triton_utils.__file__).parent / "configs"
+    for table in sorted((moe_configs.HERE / "configs").glob("triton_*/*.json")):
+        experts, width = (int(part.split("=")[1]) for part in table.name.split(",")[:2])
+        gpu = table.name.split("device_name=")[1].removesuffix(".json")
+        monkeypatch.setattr(lookup, "get_device_name", lambda gpu=gpu: gpu.replace("_", " "))
+        assert lookup.get_config_file_name(experts, width, None) == table.name
+        assert not list(shipped.glob(f"triton_*/E={experts},N={width},*")), table.name

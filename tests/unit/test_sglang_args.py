@@ -48,6 +48,16 @@ def test_moonlight_engine_kwargs(moonlight):
     assert kw["trust_remote_code"] is True
     assert kw["random_seed"] == 1234
     assert "max_running_requests" not in kw  # null: SGLang sizes it
+    assert "decode_attention_backend" not in kw and "prefill_attention_backend" not in kw
+
+
+def test_decode_attention_backend_splits_prefill_and_decode(moonlight):
+    s = replace(moonlight.rollout.sglang, attention_backend="triton", decode_attention_backend="flashmla")
+    cfg = replace(moonlight, rollout=replace(moonlight.rollout, sglang=s))
+    kw = engine_kwargs(cfg, model_path="/ckpt", colocated=True, needs_tokenizer=False)
+    # SGLang's hybrid backend: prefill keeps attention_backend, decode takes the other one.
+    assert kw["prefill_attention_backend"] == "triton" and kw["decode_attention_backend"] == "flashmla"
+    assert kw["attention_backend"] == "triton"
 
 
 def test_engine_kwargs_follow_the_sglang_keys(moonlight):

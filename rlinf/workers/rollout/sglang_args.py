@@ -75,6 +75,10 @@ def engine_kwargs(
     }
     if s.cuda_graph_max_bs == 0:
         kwargs.pop("cuda_graph_max_bs")
+    if s.decode_attention_backend:
+        kwargs.update(
+            prefill_attention_backend=s.attention_backend, decode_attention_backend=s.decode_attention_backend
+        )
     return {k: v for k, v in kwargs.items() if v is not None}
 
 

@@ -22,6 +22,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, handles_for_engine
 from rlinf.workers.common import eos_token_ids, pad_token_id
+from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import (
@@ -55,7 +56,8 @@ class SGLangRollout(RolloutWorker):
         self.where = f"rollout engine (rank {rank} of {world_size}, GPUs {list(span.gpus)})"
         self._select_gpus(span.local_ids(cfg.cluster.num_gpus_per_node or len(span.gpus)))
         self.model_path = resolve_model_path(r.model.model_path or cfg.actor.model.model_path)
-        check_expert_parallel(_routed_experts(self.model_path), expert_parallel_size(cfg), self.where)
+        hf_config = _hf_config(self.model_path)
+        check_expert_parallel(hf_config.get("n_routed_experts"), expert_parallel_size(cfg), self.where)
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
         self.eos_ids = eos_token_ids(_generation_config(self.model_path), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
@@ -65,6 +67,9 @@ class SGLangRollout(RolloutWorker):
             colocated=self.colocated,
             needs_tokenizer=cfg.algorithm.sampling_params.min_new_tokens > 0,
         )
+        # Our tuned MoE kernel tables, where we have one for this engine's expert shape (the
+        # engine's processes inherit this process's environment).
+        os.environ.update(moe_configs.engine_env(hf_config, self.tp_size, expert_parallel_size(cfg)))
         self.engine = SGLangEngine(kwargs, where=self.where)
 
     def _select_gpus(self, local_ids: Sequence[int]) -> None:
@@ -149,9 +154,9 @@ class SGLangRollout(RolloutWorker):
         self.engine.shutdown()
 
 
-def _routed_experts(model_path: str) -> int | None:
+def _hf_config(model_path: str) -> dict:
     config = Path(model_path) / "config.json"
-    return json.loads(config.read_text()).get("n_routed_experts") if config.is_file() else None
+    return json.loads(config.read_text()) if config.is_file() else {}
 
 
 def _generation_config(model_path: str):
