@@ -287,7 +287,10 @@ def measure_sglang(
     try:
         for batch in batches:
             prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-            run_sglang(prompts[:8], 4, engine)
+            # Warm-up at the measured batch shape: the first prefill and decode of a shape compile
+            # triton kernels (seen on the H200: a first engine's batch 64 ran 2.7x slower than the
+            # same batch on a later engine that found them in triton's disk cache).
+            run_sglang(prompts, 4, engine)
             seconds = run_sglang(prompts, args.new_tokens, engine)
             add_run(
                 entries[batch],
