@@ -192,6 +192,7 @@ def main() -> None:
 
     batches = [int(b) for b in args.batches.split(",")]
     backends = args.backends.split(",")
+    variants = {"sglang": {}, **{f"sglang:{k}": v for k, v in parse_variants(args.sglang_variants).items()}}
     compare = None
     if args.compare_sampler:
         import importlib
@@ -260,7 +261,6 @@ def main() -> None:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-        variants = {"sglang": {}, **{f"sglang:{k}": v for k, v in json.loads(args.sglang_variants).items()}}
         for name, variant in variants.items():
             try:
                 profile = measure_sglang(name, variant, entries, batches, vocab, args)
@@ -362,6 +362,17 @@ def checkpoint_weight_bytes(checkpoint: Path) -> int:
                     count *= d
                 nbytes += count * {"BF16": 2, "F16": 2, "F32": 4}.get(t.get_dtype(), 2)
     return nbytes
+
+
+def parse_variants(text: str) -> dict[str, dict]:
+    """--sglang-variants: a JSON object of name -> object of engine kwargs (and "env")."""
+    try:
+        variants = json.loads(text)
+    except ValueError as err:
+        raise SystemExit(f"--sglang-variants: not JSON ({err})") from None
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise SystemExit('--sglang-variants: expected {"name": {engine kwargs..., "env": {...}}, ...}')
+    return variants
 
 
 def parse_engine_args(pairs: list[str]) -> dict:

@@ -96,6 +96,12 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("rlinf/workers/rollout/moe_configs/configs"))
     args = parser.parse_args()
 
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_sglang_moe.py: needs a CUDA GPU (it tunes for the GPU it runs on)")
+    try:
+        import sglang  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(f"tune_sglang_moe.py: needs sglang 0.5.12 ({err}); see docs/sglang.md") from None
     import triton
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig, triton_utils
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_default_config
