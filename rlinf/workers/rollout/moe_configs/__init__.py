@@ -44,8 +44,8 @@ def engine_env(hf_config: dict, tp_size: int, ep_size: int, root: Path = HERE) -
     """Environment for an SGLang engine of this shape: our table folder when it holds a table for
     the shape. The GPU is not checked here (that would start CUDA in the rollout worker): on a GPU
     we have no table for, SGLang uses its generic config, as it would anyway, since it ships no
-    table for these shapes (tests/unit/test_moe_configs.py checks that for the installed sglang
-    where one is importable)."""
+    table for these shapes (tests/gpu/test_sglang_signatures.py checks that against the installed
+    sglang, which the CPU machine cannot import)."""
     shape = local_expert_shape(hf_config, tp_size, ep_size)
     if shape is None or not tuned_tables(*shape, root):
         return {}
