@@ -13,6 +13,10 @@
 #   3. (like 2, carry [".wray", ".wmeg"]):              bash tests/gpu/sglang_gpu_checks.sh step [args]
 #      benchmarks/grpo_step_runner.py: a whole colocated step on the slice, split by phase
 #
+# .wray and .wmeg are ../shared/device/prepare.sh's .whl2 split in two (megatron-* wheels in .wmeg, the
+# rest in .wray), each with a copy of .whl2/tools:
+#   mkdir -p .wray .wmeg && cp -r .whl2/tools .wray/ && cp -r .whl2/tools .wmeg/ &&
+#   for f in .whl2/*.whl; do case ${f##*/} in megatron*) cp "$f" .wmeg/ ;; *) cp "$f" .wray/ ;; esac; done
 # .h10-pytest holds pytest/pluggy/iniconfig wheels (the device image has no pytest); .h10-tiny is a
 # warm-started GPU-tiny checkpoint built on the CPU machine:
 #   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
