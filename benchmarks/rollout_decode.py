@@ -12,6 +12,10 @@ bound tokens/s = batch x bandwidth / weight bytes. Prints one JSON object.
         [--backends sglang --checkpoint DIR]  # SGLang alone (needs the slice on disk; built if missing)
         [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at the largest batch,
                                 # summarised (busy / idle / top kernels per step, trace_summary.py)
+        [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode
+        [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
+
+SGLang is warmed up at each measured batch shape first (a new shape compiles triton kernels).
 """
 
 from __future__ import annotations
@@ -286,7 +290,10 @@ def measure_sglang(
         engine = start_sglang(Path(args.checkpoint), args, variant)
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         for batch in batches:
             prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
@@ -377,7 +384,6 @@ def parse_variants(text: str) -> dict[str, dict]:
 
 def parse_engine_args(pairs: list[str]) -> dict:
     """KEY=VALUE strings -> Engine kwargs; values read as JSON where they parse (numbers, booleans)."""
-
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
