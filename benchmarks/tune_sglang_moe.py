@@ -3,14 +3,17 @@
 SGLang reads a tuned config per (local experts E, expert width N, GPU, triton version); it ships
 none for Moonlight's experts (E=64 on one GPU, E=8 per rank at EP=8; N=1408), so it falls back to
 one generic config for every batch size. This script times the kernel pair (gate/up GEMM + SiLU +
-down GEMM) for each batch size M under each candidate config (the distinct configs SGLang's own
-H200 tables use for 64-expert models, plus its default), inside CUDA graphs as the engine runs
-decode, and writes the winners in SGLang's file format under --out-dir (rlinf's shipped tables:
-rlinf/workers/rollout/moe_configs, found by the rollout at engine start). Prints one JSON object:
-per M, SGLang's default against the tuned config, both measured in this run.
+down GEMM) for each batch size M under SGLang's generic config and each candidate (the distinct
+configs of SGLang's own table for this GPU at the nearest width; about 1.6 s each per batch size on
+an H200, mostly compilation), inside CUDA graphs as the engine runs decode, and writes the winners in
+SGLang's file format under --out-dir (rlinf's shipped tables: rlinf/workers/rollout/moe_configs,
+found by the rollout at engine start). Prints one JSON object: per M, the generic config against the
+tuned one, both measured in this run, and the winning config.
 
     python benchmarks/tune_sglang_moe.py [--experts 64] [--width 1408] [--hidden 2048] [--topk 6]
-        [--batches 1,2,4,...,4096] [--out-dir rlinf/workers/rollout/moe_configs/configs]
+        [--batches 1,16,64,256,1024,4096] [--out-dir rlinf/workers/rollout/moe_configs/configs]
+    python benchmarks/tune_sglang_moe.py --write-from RESULT.json   # the table from a printed result
+        # (the device tool brings back no file named with '=' or ',', so the table travels as JSON)
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from _common import emit, environment  # noqa: E402
 
 from rlinf.workers.rollout.moe_configs import config_file_name  # noqa: E402
 
-BATCHES = "1,2,4,8,16,24,32,48,64,96,128,192,256,512,1024,2048,4096"
+BATCHES = "1,16,64,256,1024,4096"  # decode batches and prefill chunks; SGLang takes the nearest
 CALLS_PER_GRAPH = 10
 KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
@@ -62,6 +65,22 @@ def candidate_configs(sglang_config_root: Path, experts: int, width: int, device
             cfg = {k: int(cfg[k]) for k in KEYS if k in cfg}
             seen.setdefault(tuple(sorted(cfg.items())), cfg)
     return list(seen.values())
+
+
+def table_path(out_dir: Path, triton_version: str, experts: int, width: int, device_name: str) -> Path:
+    return (
+        out_dir / f"triton_{triton_version.replace('.', '_')}" / config_file_name(experts, width, device_name)
+    )
+
+
+def write_table_from(result_file: Path, out_dir: Path) -> Path:
+    """SGLang's table (batch size -> config) from this script's printed JSON result."""
+    result = json.loads(result_file.read_text())
+    shape = result["shape"]
+    out = table_path(out_dir, result["triton"], shape["experts"], shape["width"], result["hardware"]["gpu"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({str(r["batch"]): r["config"] for r in result["rows"]}, indent=2) + "\n")
+    return out
 
 
 def time_call(fn, repeats: int = 5) -> float:
@@ -94,7 +113,11 @@ def main() -> None:
     parser.add_argument("--topk", type=int, default=6)
     parser.add_argument("--batches", default=BATCHES)
     parser.add_argument("--out-dir", type=Path, default=Path("rlinf/workers/rollout/moe_configs/configs"))
+    parser.add_argument("--write-from", type=Path, default=None, metavar="RESULT.json")
     args = parser.parse_args()
+    if args.write_from:
+        print(write_table_from(args.write_from, args.out_dir))
+        return
 
     if not torch.cuda.is_available():
         raise SystemExit("tune_sglang_moe.py: needs a CUDA GPU (it tunes for the GPU it runs on)")
@@ -121,9 +144,7 @@ def main() -> None:
     w1 = torch.randn(E, 2 * N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / K**0.5
     w2 = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=gen) / N**0.5
     runner = MoeRunnerConfig(inplace=False)
-    out = (
-        args.out_dir / f"triton_{triton.__version__.replace('.', '_')}" / config_file_name(E, N, device_name)
-    )
+    out = table_path(args.out_dir, triton.__version__, E, N, device_name)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {
         "hardware": environment(),

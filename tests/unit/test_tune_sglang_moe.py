@@ -43,3 +43,18 @@ def test_nearest_width_on_this_gpu_without_quantised_tables(tmp_path):
         (128, 64),
     ]
     assert candidate_configs(tmp_path, 16, 1408, "NVIDIA H200") == []
+
+
+def test_shipped_tables_are_the_recorded_tuning_results(tmp_path):
+    """The tables we ship are exactly the winners of the H200 runs recorded in docs/data."""
+    from pathlib import Path
+
+    from benchmarks.tune_sglang_moe import write_table_from
+    from rlinf.workers.rollout import moe_configs
+
+    repo = Path(__file__).parents[2]
+    for result in sorted((repo / "docs" / "data").glob("sglang_moe_tune_E*_2026-12-02.json")):
+        written = write_table_from(result, tmp_path)
+        shipped = moe_configs.HERE / "configs" / written.relative_to(tmp_path)
+        assert written.read_text() == shipped.read_text(), shipped.name
+    assert len(list(tmp_path.glob("triton_*/*.json"))) == 2
