@@ -73,13 +73,18 @@ def table_path(out_dir: Path, triton_version: str, experts: int, width: int, dev
     )
 
 
+def write_table(out: Path, rows: list[dict]) -> None:
+    """SGLang's table (batch size -> config) from this script's result rows."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({str(r["batch"]): r["config"] for r in rows}, indent=2) + "\n")
+
+
 def write_table_from(result_file: Path, out_dir: Path) -> Path:
-    """SGLang's table (batch size -> config) from this script's printed JSON result."""
+    """The table from this script's printed JSON result."""
     result = json.loads(result_file.read_text())
     shape = result["shape"]
     out = table_path(out_dir, result["triton"], shape["experts"], shape["width"], result["hardware"]["gpu"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({str(r["batch"]): r["config"] for r in result["rows"]}, indent=2) + "\n")
+    write_table(out, result["rows"])
     return out
 
 
@@ -145,7 +150,6 @@ def main() -> None:
     w2 = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=gen) / N**0.5
     runner = MoeRunnerConfig(inplace=False)
     out = table_path(args.out_dir, triton.__version__, E, N, device_name)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {
         "hardware": environment(),
         "shape": {"experts": E, "width": N, "hidden": K, "topk": args.topk},
@@ -153,7 +157,6 @@ def main() -> None:
         "triton": triton.__version__,
         "rows": [],
     }
-    table: dict[str, dict] = {}
     started = time.perf_counter()
     for m in [int(b) for b in args.batches.split(",")]:
         x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -176,8 +179,6 @@ def main() -> None:
                     continue
             if seconds < best_s:
                 best_s, best = seconds, cfg
-        table[str(m)] = best
-        out.write_text(json.dumps(table, indent=2) + "\n")  # a cut-short run keeps its rows
         row = {
             "batch": m,
             "default_us": round(default_s * 1e6, 1),
@@ -186,6 +187,7 @@ def main() -> None:
             "config": best,
         }
         result["rows"].append(row)
+        write_table(out, result["rows"])  # after every batch size: a cut-short run keeps its rows
         print(row, file=sys.stderr, flush=True)
     result.update(written=str(out), seconds=round(time.perf_counter() - started, 1))
     emit(result)

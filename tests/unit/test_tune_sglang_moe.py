@@ -2,8 +2,10 @@
 this GPU at the nearest expert width, else every Hopper bf16 table of that expert count."""
 
 import json
+from pathlib import Path
 
-from benchmarks.tune_sglang_moe import candidate_configs
+from benchmarks.tune_sglang_moe import candidate_configs, write_table_from
+from rlinf.workers.rollout import moe_configs
 
 
 def cfg(m: int, n: int = 64) -> dict:
@@ -47,11 +49,6 @@ def test_nearest_width_on_this_gpu_without_quantised_tables(tmp_path):
 
 def test_shipped_tables_are_the_recorded_tuning_results(tmp_path):
     """The tables we ship are exactly the winners of the H200 runs recorded in docs/data."""
-    from pathlib import Path
-
-    from benchmarks.tune_sglang_moe import write_table_from
-    from rlinf.workers.rollout import moe_configs
-
     repo = Path(__file__).parents[2]
     for result in sorted((repo / "docs" / "data").glob("sglang_moe_tune_E*_2026-12-02.json")):
         written = write_table_from(result, tmp_path)

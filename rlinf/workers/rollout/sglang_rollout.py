@@ -69,7 +69,7 @@ class SGLangRollout(RolloutWorker):
         )
         # Our tuned MoE kernel tables, where we have one for this engine's expert shape (the
         # engine's processes inherit this process's environment).
-        os.environ.update(moe_configs.engine_env(hf_config, self.tp_size, expert_parallel_size(cfg)))
+        os.environ.update(moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"]))
         self.engine = SGLangEngine(kwargs, where=self.where)
 
     def _select_gpus(self, local_ids: Sequence[int]) -> None:
