@@ -3,9 +3,13 @@
 
 Every backend decodes exactly --new-tokens tokens per row (EOS masked / ignored) after prompts of
 exactly --prompt-len random tokens, temperature 1, no truncation; tokens/s counts generated tokens
-over the whole call (prefill included). The bound: every weight byte read once per decode step at
-the device-copy bandwidth measured here (read + write bytes of a 4 GiB device-to-device copy), so
-bound tokens/s = batch x bandwidth / weight bytes. Prints one JSON object.
+over the whole call (prefill included). Each backend also times the same batch with one new token
+(the prefill and first token alone), so decode_tokens_per_s = batch x (new tokens - 1) / (whole
+call - that call): the decode steps alone, as SGLang's bench_one_batch separates prefill from
+decode. The bound: every weight byte read once per decode step at the device-copy bandwidth
+measured here (read + write bytes of a 4 GiB device-to-device copy), so bound tokens/s = batch x
+bandwidth / weight bytes; it bounds decode steps, so decode_fraction_of_bound is the like-for-like
+share. Prints one JSON object.
 
     python benchmarks/rollout_decode.py [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
         [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
@@ -245,12 +249,14 @@ def main() -> None:
             if backend in ("torch", "torch_compare"):
                 sampler = compare if backend == "torch_compare" else None
                 run_torch(model, prompts[:8], 4, sampler)  # warm-up (kernels, allocator)
+                prefill = run_torch(model, prompts, 1, sampler)
                 seconds = run_torch(model, prompts, args.new_tokens, sampler)
             else:
                 run_generate(model, prompts[:8], 4)
+                prefill = run_generate(model, prompts, 1)
                 seconds = run_generate(model, prompts, args.new_tokens)
             extra = {"sampler": args.compare_sampler} if backend == "torch_compare" else {}
-            add_run(entry, backend, batch * args.new_tokens, seconds, **extra)
+            add_run(entry, backend, args.new_tokens, seconds, prefill, **extra)
         if args.breakdown and model is not None:
             entry["breakdown"] = decode_breakdown(model, batch, args.prompt_len)
         if args.profile and model is not None:
@@ -304,9 +310,10 @@ def measure_sglang(
             # Repeats, median reported: two H200 runs of the same engines differed up to 2x in one
             # measurement each (docs/benchmarks.md, seventh session).
             times = sorted(run_sglang(prompts, args.new_tokens, engine) for _ in range(args.sglang_repeats))
+            prefills = sorted(run_sglang(prompts, 1, engine) for _ in range(args.sglang_repeats))
             extra = {"variant": variant, "env": env} if variant or env else {}
-            add_run(entries[batch], name, batch * args.new_tokens, times[len(times) // 2], **extra)
-            entries[batch]["backends"][-1]["all_seconds"] = [round(t, 3) for t in times]
+            extra.update(all_seconds=[round(t, 3) for t in times], all_prefill_seconds=[round(t, 3) for t in prefills])
+            add_run(entries[batch], name, args.new_tokens, median(times), median(prefills), **extra)
         if args.sglang_profile:
             prompts = random_prompts(batches[-1], args.prompt_len, vocab, seed=7)
             return profile_sglang_decode(engine, prompts, args.sglang_profile / name.replace(":", "-"))
@@ -315,11 +322,25 @@ def measure_sglang(
         engine.shutdown()
 
 
-def add_run(entry: dict, backend: str, tokens: int, seconds: float, **extra) -> None:
-    bound = entry["bound_tokens_per_s"]
-    run = {"backend": backend, "batch": entry["batch"], "seconds": round(seconds, 3), **extra}
-    run["tokens_per_s"] = round(tokens / seconds, 1)
-    run["fraction_of_bound"] = round(tokens / seconds / bound, 4)
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def add_run(entry: dict, backend: str, new_tokens: int, seconds: float, prefill_seconds: float, **extra) -> None:
+    """One backend's row: the whole call (`seconds`, prefill included) and its decode steps alone
+    (`seconds` minus a one-new-token call of the same batch, `prefill_seconds`)."""
+    batch, bound = entry["batch"], entry["bound_tokens_per_s"]
+    run = {"backend": backend, "batch": batch, "seconds": round(seconds, 3), **extra}
+    run["tokens_per_s"] = round(batch * new_tokens / seconds, 1)
+    run["fraction_of_bound"] = round(batch * new_tokens / seconds / bound, 4)
+    run["prefill_seconds"] = round(prefill_seconds, 3)
+    decode_seconds = seconds - prefill_seconds
+    if new_tokens > 1 and decode_seconds > 0:
+        decode_rate = batch * (new_tokens - 1) / decode_seconds
+        run["decode_tokens_per_s"] = round(decode_rate, 1)
+        run["decode_fraction_of_bound"] = round(decode_rate / bound, 4)
+        run["decode_step_ms"] = round(1e3 * decode_seconds / (new_tokens - 1), 3)
     entry["backends"].append(run)
     print(run, file=sys.stderr, flush=True)
 
