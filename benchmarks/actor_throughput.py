@@ -15,6 +15,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
         [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
+        [--profile-host]  # with --profile: also CPU activity with Python stacks, summarised as the
+                          # top host ops and where device->host syncs (.item(), .tolist()) come from
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import sys
 import time
 from dataclasses import replace
@@ -72,7 +75,9 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
     )
 
 
-def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None):
+def measure(
+    backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None, host: bool = False
+):
     """(seconds per `train` call, mean over `steps` after one warm-up call; trace summary or None)."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
@@ -87,22 +92,73 @@ def measure(backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: 
         actor.train(data, step=step + 1)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
-    summary = profile_train_call(actor, data, profile / f"{backend}.trace.json") if profile else None
+    summary = profile_train_call(actor, data, profile / f"{backend}.trace.json", host) if profile else None
     del actor
     gc.collect()
     torch.cuda.empty_cache()
     return seconds, summary
 
 
-def profile_train_call(actor, data: RolloutBatch, trace: Path) -> dict:
+def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = False) -> dict:
+    """GPU-only trace of one train call, summarised; with `host`, a second call profiled with CPU
+    activity and Python stacks adds the host side (it slows the host, so its GPU figures are not used)."""
+    from torch.profiler import ProfilerActivity, profile
     from trace_summary import load_events, summarize
 
     trace.parent.mkdir(parents=True, exist_ok=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         actor.train(data, step=99)
         torch.cuda.synchronize()
     prof.export_chrome_trace(str(trace))
-    return summarize(load_events(trace), steps=1)
+    summary = summarize(load_events(trace), steps=1)
+    if host:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+            actor.train(data, step=100)
+            torch.cuda.synchronize()
+        summary["host"] = host_summary(prof)
+    return summary
+
+
+PYTHON_FRAME = re.compile(r".+\(\d+\): ")  # the profiler's name for a Python frame: "file.py(12): function"
+SYNC_OPS = (
+    "aten::_local_scalar_dense",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+)
+
+
+def host_summary(prof, top: int = 15) -> dict:
+    """The host ops with the most self CPU time, and the Python call sites that synchronise with the
+    device most (each sync idles the GPU until the host has launched work again)."""
+    from collections import Counter
+
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    sites: Counter = Counter()
+    for event in prof.events():
+        if event.name in SYNC_OPS:
+            sites[(event.name, python_frames(event))] += 1
+    return {
+        "top_host_ops_self_ms": [
+            {"op": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2)}
+            for e in ops[:top]
+        ],
+        "syncs": {k: sum(n for (op, _), n in sites.items() if op == k) for k in SYNC_OPS},
+        "sync_sources": [
+            {"op": op, "calls": n, "python": list(frames)} for (op, frames), n in sites.most_common(top)
+        ],
+    }
+
+
+def python_frames(event, depth: int = 5) -> tuple[str, ...]:
+    """The innermost `depth` Python frames (profiler events named `file.py(line): function`) above an op."""
+    frames = []
+    parent = event.cpu_parent
+    while parent is not None and len(frames) < depth:
+        if PYTHON_FRAME.match(parent.name):
+            frames.append(parent.name.split("site-packages/")[-1])
+        parent = parent.cpu_parent
+    return tuple(frames)
 
 
 def main() -> None:
@@ -119,6 +175,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H200 bf16 dense")
     parser.add_argument("--backends", default="torch,megatron")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--profile-host", action="store_true", help="with --profile: host ops and sync sources"
+    )
     parser.add_argument("--megatron-grouped-gemm", action="store_true", help="actor.model.moe_grouped_gemm")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
@@ -151,7 +210,7 @@ def main() -> None:
         "model_tflop_per_call": flops / 1e12,
     }
     for backend in args.backends.split(","):
-        seconds, trace = measure(backend, cfg, data, args.steps, args.profile)
+        seconds, trace = measure(backend, cfg, data, args.steps, args.profile, args.profile_host)
         result[backend] = {
             "seconds_per_train_call": seconds,
             "tokens_per_s": tokens / seconds,

@@ -312,7 +312,9 @@ def measure_sglang(
             times = sorted(run_sglang(prompts, args.new_tokens, engine) for _ in range(args.sglang_repeats))
             prefills = sorted(run_sglang(prompts, 1, engine) for _ in range(args.sglang_repeats))
             extra = {"variant": variant, "env": env} if variant or env else {}
-            extra.update(all_seconds=[round(t, 3) for t in times], all_prefill_seconds=[round(t, 3) for t in prefills])
+            extra.update(
+                all_seconds=[round(t, 3) for t in times], all_prefill_seconds=[round(t, 3) for t in prefills]
+            )
             add_run(entries[batch], name, args.new_tokens, median(times), median(prefills), **extra)
         if args.sglang_profile:
             prompts = random_prompts(batches[-1], args.prompt_len, vocab, seed=7)
@@ -327,7 +329,9 @@ def median(values: list[float]) -> float:
     return values[len(values) // 2]
 
 
-def add_run(entry: dict, backend: str, new_tokens: int, seconds: float, prefill_seconds: float, **extra) -> None:
+def add_run(
+    entry: dict, backend: str, new_tokens: int, seconds: float, prefill_seconds: float, **extra
+) -> None:
     """One backend's row: the whole call (`seconds`, prefill included) and its decode steps alone
     (`seconds` minus a one-new-token call of the same batch, `prefill_seconds`)."""
     batch, bound = entry["batch"], entry["bound_tokens_per_s"]

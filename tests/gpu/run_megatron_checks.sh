@@ -2,7 +2,7 @@
 # The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
 # carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|resume|pack|grouped|all]   (default: all)
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|resume|pack|grouped|host|all]   (default: all)
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
@@ -17,6 +17,8 @@
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
 #          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
+#   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
+#          ops, where device->host syncs come from), then both actors at one 16384-token micro-batch
 #
 # .h10-pytest holds pytest wheels (the device image has none); .h9-tiny is a warm-started GPU-tiny
 # built on the CPU machine:
@@ -63,6 +65,9 @@ case "$mode" in
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     bench --backends megatron ;;
+  host)
+    bench --megatron-grouped-gemm --profile /tmp/actor-profile-host --profile-host
+    bench --megatron-grouped-gemm --micro-batch 16 ;;
   optim) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
   optim|resume)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k "save_load or fresh_actor" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
@@ -73,8 +78,8 @@ case "$mode" in
       run timeout 200 python3 benchmarks/packed_micro_batches.py --model "$slice" --backend $backend --precision bf16 \
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
-  smoke|actor|grpo|bench|all) ;;
-  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|resume|pack|grouped|all]" >&2; exit 2 ;;
+  smoke|actor|grpo|bench|host|all) ;;
+  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|resume|pack|grouped|host|all]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }
