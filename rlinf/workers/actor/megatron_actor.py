@@ -170,8 +170,10 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.utils import get_model_config
 
+        from rlinf.models.megatron import multi_tensor
         from rlinf.models.megatron.bridge import with_torch_dtypes
 
+        multi_tensor.install()  # without TE / apex: grad norm and clipping with no per-tensor host sync
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(**with_torch_dtypes(self.megatron_settings.optimizer)), self.model
         )
