@@ -18,6 +18,9 @@ share. Prints one JSON object.
                                 # summarised (busy / idle / top kernels per step, trace_summary.py)
         [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode
         [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
+        [--sdpa-backends flash,efficient,math]  # torch / generate: the SDPA kernels allowed (default:
+                                  # torch's choice, cuDNN first on Hopper); one setting per process,
+                                  # as the first long decode of a process runs slower (docs/benchmarks.md)
 
 SGLang is warmed up at each measured batch shape first (a new shape compiles triton kernels).
 """
@@ -101,6 +104,44 @@ def run_sglang(prompts, new_tokens: int, engine) -> float:
     )
     assert all(len(o["output_ids"]) == new_tokens for o in outs)
     return seconds
+
+
+def run_in_process(backend: str, model, prompts, args, entry: dict, compare) -> None:
+    """One in-process backend at one batch: a small warm-up, the one-new-token call, the whole call."""
+    if backend in ("torch", "torch_compare"):
+        sampler = compare if backend == "torch_compare" else None
+        run_torch(model, prompts[:8], 4, sampler)  # warm-up (kernels, allocator)
+        prefill = run_torch(model, prompts, 1, sampler)
+        seconds = run_torch(model, prompts, args.new_tokens, sampler)
+    else:
+        run_generate(model, prompts[:8], 4)
+        prefill = run_generate(model, prompts, 1)
+        seconds = run_generate(model, prompts, args.new_tokens)
+    extra = {"sampler": args.compare_sampler} if backend == "torch_compare" else {}
+    add_run(entry, backend, args.new_tokens, seconds, prefill, **extra)
+
+
+SDPA_BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def sdpa_backends(names: str | None):
+    """A context-manager factory: torch's `sdpa_kernel` over the named kernels, or a no-op for None."""
+    import contextlib
+
+    if not names:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    unknown = [n for n in names.split(",") if n not in SDPA_BACKENDS]
+    if unknown:
+        raise SystemExit(f"--sdpa-backends: unknown {unknown}; choose from {sorted(SDPA_BACKENDS)}")
+    chosen = [getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names.split(",")]
+    return lambda: sdpa_kernel(chosen)
 
 
 def decode_breakdown(model, batch: int, prompt_len: int, steps: int = 16) -> dict[str, float]:
@@ -196,6 +237,11 @@ def main() -> None:
         help='more engines measured after the base one, in the same run: {"name": {engine kwargs..., '
         '"env": {VAR: value}}}, e.g. {"tuned_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": "/abs/moe_configs"}}}',
     )
+    parser.add_argument(
+        "--sdpa-backends",
+        default=None,
+        help="comma list of flash, efficient, math, cudnn: the only SDPA kernels the torch and generate runs may use",
+    )
     args = parser.parse_args()
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -217,8 +263,10 @@ def main() -> None:
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "layers": args.layers,
+        "sdpa_backends": args.sdpa_backends or "torch default",
         "runs": [],
     }
+    in_process_attention = sdpa_backends(args.sdpa_backends)
 
     model = slice_model(args.layers) if {"torch", "generate"} & set(backends) and not args.smoke else None
     if args.smoke:
@@ -246,17 +294,8 @@ def main() -> None:
         entries[batch] = entry = {"batch": batch, "bound_tokens_per_s": round(batch / step_seconds_bound, 1)}
         entry["backends"] = []
         for backend in in_process:
-            if backend in ("torch", "torch_compare"):
-                sampler = compare if backend == "torch_compare" else None
-                run_torch(model, prompts[:8], 4, sampler)  # warm-up (kernels, allocator)
-                prefill = run_torch(model, prompts, 1, sampler)
-                seconds = run_torch(model, prompts, args.new_tokens, sampler)
-            else:
-                run_generate(model, prompts[:8], 4)
-                prefill = run_generate(model, prompts, 1)
-                seconds = run_generate(model, prompts, args.new_tokens)
-            extra = {"sampler": args.compare_sampler} if backend == "torch_compare" else {}
-            add_run(entry, backend, args.new_tokens, seconds, prefill, **extra)
+            with in_process_attention():
+                run_in_process(backend, model, prompts, args, entry, compare)
         if args.breakdown and model is not None:
             entry["breakdown"] = decode_breakdown(model, batch, args.prompt_len)
         if args.profile and model is not None:

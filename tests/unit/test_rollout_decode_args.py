@@ -1,6 +1,7 @@
-"""benchmarks/rollout_decode.py refuses a malformed --sglang-variants before it measures anything."""
+"""benchmarks/rollout_decode.py: its arguments (malformed ones stop before anything is measured) and its arithmetic."""
 
 import pytest
+import torch
 
 from benchmarks.rollout_decode import parse_variants
 
@@ -39,3 +40,17 @@ def test_no_decode_rate_when_the_one_token_call_is_not_faster():
     entry = {"batch": 4, "bound_tokens_per_s": 10.0, "backends": []}
     add_run(entry, "torch", 8, seconds=0.1, prefill_seconds=0.2)
     assert "decode_tokens_per_s" not in entry["backends"][0]
+
+
+def test_sdpa_backends_restrict_torch_attention_kernels_inside_the_context():
+    from benchmarks.rollout_decode import sdpa_backends
+
+    with sdpa_backends("math")():
+        assert torch.backends.cuda.math_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()  # restored
+    with sdpa_backends(None)():
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    with pytest.raises(SystemExit, match="--sdpa-backends: unknown"):
+        sdpa_backends("flash,fast")
