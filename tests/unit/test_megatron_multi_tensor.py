@@ -10,7 +10,10 @@ from rlinf.models.megatron.multi_tensor import foreach_l2_norm, foreach_scale
 
 def _grads():
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(shape, generator=g) * s for shape, s in (((7, 5), 1.0), ((3,), 30.0), ((0,), 1.0), ((4, 4), 1e-3))]
+    return [
+        torch.randn(shape, generator=g) * s
+        for shape, s in (((7, 5), 1.0), ((3,), 30.0), ((0,), 1.0), ((4, 4), 1e-3))
+    ]
 
 
 def _scalar_reads(fn) -> int:
