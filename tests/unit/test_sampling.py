@@ -315,3 +315,35 @@ def test_validator_warns_once_naming_the_truncation_keys(caplog):
     assert "algorithm.sampling_params.top_k=3" in message
     assert "algorithm.sampling_params.top_p=0.9" in message
     assert "min_new_tokens" not in message
+
+
+def test_decoding_on_cuda_never_uses_cudnn_attention_and_restores_the_flags():
+    from rlinf.workers.rollout.sampling import decode_attention_kernels
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with decode_attention_kernels(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # a plan build per new shape
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with decode_attention_kernels(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled()  # nothing changes off CUDA
+
+
+def test_sample_decodes_inside_the_attention_kernel_choice_for_its_device(monkeypatch):
+    import contextlib
+
+    from rlinf.workers.rollout import sampling
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(device):
+        seen.append(torch.device(device))
+        yield
+
+    monkeypatch.setattr(sampling, "decode_attention_kernels", recording)
+    out = run(tiny_deepseek_v3(), SamplingParams(temperature=1.0, max_new_tokens=3))
+    assert seen == [torch.device("cpu")]
+    assert out.response_ids.shape == (len(PROMPTS), 3)

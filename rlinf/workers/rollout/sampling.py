@@ -15,6 +15,7 @@ and no ratio in the loss sees that factor. The config validator warns when a rec
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,7 +155,7 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), decode_attention_kernels(device):
             chunks = [
                 _sample_chunk(
                     model, prompts[start : start + max_batch_size], params, eos_ids, pad_token_id, generator
@@ -165,6 +166,25 @@ def sample(
         model.train(was_training)
     # Outside inference mode on purpose: the results must be usable as inputs to autograd (training).
     return _concatenate(chunks, pad_token_id)
+
+
+def decode_attention_kernels(device: torch.device):
+    """The SDPA kernels decoding may use on `device`: on CUDA every kernel but cuDNN's.
+
+    With a padding mask, torch 2.11 on Hopper sends SDPA to cuDNN first, and cuDNN builds an
+    execution plan for every new shape (batch, key length). Decoding makes a new shape at every
+    step (the key length grows by one; finished rows leave the batch), so each step paid a plan
+    build: on the H200 slice the first 512-token decode of a process ran 55-73 ms per step, and an
+    identical decode after it (plans cached) 11.7 ms (docs/benchmarks.md, eighth session; the
+    public report of the same cost: modelscope/FunASR#3704). Flash / memory-efficient / math need
+    no plan. A context manager; the flags are restored on exit (the module may be shared with a
+    training actor). Elsewhere (CPU) nothing changes.
+    """
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _sample_chunk(
