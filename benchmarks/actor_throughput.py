@@ -16,7 +16,9 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
         [--profile-host]  # with --profile: also CPU activity with Python stacks, summarised as the
-                          # top host ops and where device->host syncs (.item(), .tolist()) come from
+                          # top host ops and the device->host syncs (.item(), .tolist()) with their
+                          # Python call sites where the profiler links them (on the H200, with CUDA
+                          # activity on, torch 2.11 linked none: the counts and op names remain)
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
