@@ -19,8 +19,10 @@ share. Prints one JSON object.
         [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode
         [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
         [--sdpa-backends flash,efficient,math]  # torch / generate: the SDPA kernels allowed (default:
-                                  # torch's choice, cuDNN first on Hopper); one setting per process,
-                                  # as the first long decode of a process runs slower (docs/benchmarks.md)
+                                  # torch's choice, cuDNN first on Hopper; the torch rollout's decode
+                                  # leaves cuDNN out itself, sampling.decode_attention_kernels); one
+                                  # setting per process, as the first long decode of a process runs
+                                  # slower (docs/benchmarks.md)
 
 SGLang is warmed up at each measured batch shape first (a new shape compiles triton kernels).
 """
@@ -240,7 +242,8 @@ def main() -> None:
     parser.add_argument(
         "--sdpa-backends",
         default=None,
-        help="comma list of flash, efficient, math, cudnn: the only SDPA kernels the torch and generate runs may use",
+        help="comma list of flash, efficient, math, cudnn: the only SDPA kernels the torch and generate runs "
+        "may use (the torch rollout's decode also leaves cuDNN out on CUDA)",
     )
     args = parser.parse_args()
 
