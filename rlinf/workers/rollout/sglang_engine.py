@@ -23,6 +23,7 @@ from typing import Any
 
 from rlinf.workers.backends import INSTALL_HINT as GPU_STACK_HINT
 from rlinf.workers.rollout.sglang_args import ALL_MEMORY_TAGS
+from rlinf.workers.rollout.sglang_hooks import enable_for_children as enable_rlinf_hooks
 
 INSTALL_HINT = f"rollout.rollout_backend=sglang needs sglang 0.5.12 (Python 3.12, CUDA); {GPU_STACK_HINT}"
 # (object, method) pairs of sglang.Engine this module calls, with the keyword arguments it passes.
@@ -101,6 +102,7 @@ class SGLangEngine:
         self.weights_stale = False  # weights released and not pushed again since
         self._died: asyncio.Future | None = None
         _sigquit_seen.clear()  # an earlier engine's death in this process is not this one's
+        enable_rlinf_hooks()  # sync-free sampling in the engine's scheduler (sglang_hooks.py)
         try:
             self.engine = Engine(**self.kwargs, custom_sigquit_handler=record_sigquit)
         except Exception as err:  # noqa: BLE001 - SGLang raises many kinds; all mean "did not start"
