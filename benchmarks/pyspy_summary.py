@@ -38,8 +38,7 @@ def _is_function(name: str, wanted: str) -> bool:
     return func == wanted or func.endswith(f".{wanted}")
 
 
-def summarize(
-    lines, process: str | None = None, under: str | None = None, top: int = 25) -> dict:
+def summarize(lines, process: str | None = None, under: str | None = None, top: int = 25) -> dict:
     inclusive: Counter[str] = Counter()
     exclusive: Counter[str] = Counter()
     children: Counter[str] = Counter()  # the frame right below `under`: what the loop spends on

@@ -17,7 +17,7 @@ share. Prints one JSON object.
         [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at the largest batch,
                                 # summarised (busy / idle / top kernels per step, trace_summary.py)
         [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode,
-                                  # rlinf's sync-free sampling: {"hooks": {"env": {"RLINF_SGLANG_HOOKS": 1}}}
+                                  # rlinf's lighter sampler: {"hooks": {"env": {"RLINF_SGLANG_HOOKS": 1}}}
         [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
         [--sdpa-backends flash,efficient,math]  # torch / generate: the SDPA kernels allowed (default:
                                   # torch's choice, cuDNN first on Hopper; the torch rollout's decode
@@ -466,7 +466,7 @@ def parse_engine_args(pairs: list[str]) -> dict:
 
 def start_sglang(checkpoint: Path, args, variant: dict):
     """Stock SGLang unless the variant's env sets RLINF_SGLANG_HOOKS=1 (rlinf's engines always do:
-    sync-free sampling, rlinf/workers/rollout/sglang_hooks.py)."""
+    its lighter sampler, rlinf/workers/rollout/sglang_hooks.py)."""
     import sglang
 
     from rlinf.workers.rollout.sglang_hooks import make_discoverable

@@ -63,7 +63,7 @@ case "${1:-}" in
     use_pytest
     budget=560
     [ "$1" = engine+bench ] && budget=300
-    timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py \
+    timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     status=${PIPESTATUS[0]}
     if [ "$1" = engine+bench ]; then

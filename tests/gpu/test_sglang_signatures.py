@@ -66,3 +66,29 @@ def test_moe_tables_use_sglangs_names_and_fill_a_gap(sglang_installed, monkeypat
         monkeypatch.setattr(lookup, "get_device_name", lambda gpu=gpu: gpu.replace("_", " "))
         assert lookup.get_config_file_name(experts, width, None) == table.name
         assert not list(shipped.glob(f"triton_*/E={experts},N={width},*")), table.name
+
+
+def test_hook_target_and_plugin_api_exist(sglang_installed):
+    """rlinf's plugin (sglang_hooks.py) wraps SGLang's unseeded sampler: the function must exist
+    with the parameters the hook forwards and be called by name in its module (so the replaced
+    global takes effect), plugins of our entry-point group must be loaded by the scheduler process,
+    and the hook registry must take an AROUND hook. Read from the sources: no engine import."""
+    import ast
+    import importlib.util
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from rlinf.workers.rollout import sglang_hooks
+
+    def source(module: str) -> str:
+        return Path(importlib.util.find_spec(module).origin).read_text()
+
+    module_path, function = sglang_hooks.TARGET.rsplit(".", 1)
+    tree = ast.parse(source(module_path))
+    (target,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    assert [a.arg for a in target.args.args] == ["probs", "sampling_seed", "positions"]
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert function in called
+    assert f'GENERAL_PLUGINS_GROUP = "{sglang_hooks.PLUGIN_GROUP}"' in source("sglang.srt.plugins")
+    assert "load_plugins()" in source("sglang.srt.managers.scheduler")
+    assert callable(HookRegistry.register) and HookType.AROUND.value == "around"

@@ -102,7 +102,7 @@ class SGLangEngine:
         self.weights_stale = False  # weights released and not pushed again since
         self._died: asyncio.Future | None = None
         _sigquit_seen.clear()  # an earlier engine's death in this process is not this one's
-        enable_rlinf_hooks()  # sync-free sampling in the engine's scheduler (sglang_hooks.py)
+        enable_rlinf_hooks()  # rlinf's lighter sampler in the engine's scheduler (sglang_hooks.py)
         try:
             self.engine = Engine(**self.kwargs, custom_sigquit_handler=record_sigquit)
         except Exception as err:  # noqa: BLE001 - SGLang raises many kinds; all mean "did not start"

@@ -1,6 +1,6 @@
-"""rlinf's SGLang plugin (rlinf/workers/rollout/sglang_hooks.py): the sync-free sampler draws what
+"""rlinf's SGLang plugin (rlinf/workers/rollout/sglang_hooks.py): the light sampler draws what
 torch.multinomial draws, the hook keeps SGLang's seeded path, the switch gates registration, and
-a child process finds the entry point. The no-host-read property is checked on the GPU
+a child process finds the entry point. That it never waits for the GPU is checked on the GPU
 (tests/gpu/test_sglang_hooks_gpu.py)."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_target_names_sglangs_sampler_function():
 
 CHILD = """
 import importlib.metadata as m, json
-eps = [e for e in m.entry_points(group="sglang.srt.plugins") if e.name == "rlinf_sync_free_sampling"]
+eps = [e for e in m.entry_points(group="sglang.srt.plugins") if e.name == "rlinf_light_sampling"]
 print(json.dumps({"values": [e.value for e in eps], "loads": eps[0].load().__name__ if eps else None}))
 """
 
@@ -121,7 +121,12 @@ def test_children_find_the_entry_point(tmp_path):
     root = str(sglang_hooks.Path(sglang_hooks.__file__).resolve().parents[3])
     code = f"import sys; sys.path.insert(0, {root!r}); exec({PARENT!r})"
     done = subprocess.run(
-        [sys.executable, "-c", code, CHILD], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+        [sys.executable, "-c", code, CHILD],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
