@@ -80,9 +80,11 @@ def make_discoverable() -> Path | None:
     (info / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {__name__}:register\n")
     sys.path.insert(0, str(folder))
     importlib.invalidate_caches()
-    # The plugin module itself must import in the children too: rlinf's own folder goes along.
+    # The plugin module itself must import in the children too: rlinf's folder goes along when
+    # rlinf is importable only through the working directory (a site-packages install already is).
     package_root = str(Path(__file__).resolve().parents[3])
-    paths = [str(folder), package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    extra = [] if package_root in sys.path else [package_root]
+    paths = [str(folder), *extra, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return folder
 
