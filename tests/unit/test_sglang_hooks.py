@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,7 +119,7 @@ print(json.dumps({"child": json.loads(out), "again": again, "switch": os.environ
 def test_children_find_the_entry_point(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", sglang_hooks.ENV_SWITCH)}
     # Started outside the repository, with rlinf importable only through this first sys.path entry.
-    root = str(sglang_hooks.Path(sglang_hooks.__file__).resolve().parents[3])
+    root = str(Path(sglang_hooks.__file__).resolve().parents[3])
     code = f"import sys; sys.path.insert(0, {root!r}); exec({PARENT!r})"
     done = subprocess.run(
         [sys.executable, "-c", code, CHILD],
