@@ -38,6 +38,9 @@ class WeightExporter:
         """Drop the plan and the kept GPU copies (every engine has loaded and flushed)."""
         self._plan, self._kept, self._payloads = [], [], {}
         if torch.cuda.is_available():
+            # Buffers an engine opened by IPC wait in torch's IPC limbo after we drop them, until
+            # ipc_collect() sees the engine has released them; only then can the cache give them back.
+            torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
 
     # -- CUDA IPC (colocated SGLang) ----------------------------------------------------------

@@ -300,3 +300,14 @@ def test_without_memory_saver_release_is_a_no_op(monkeypatch):
     e.release()
     e.generate([[1]], [{}])
     assert FakeEngine.calls == [("generate", 1)]
+
+
+def test_end_returns_the_ipc_buffers_to_the_gpu(monkeypatch):
+    """Freed buffers an engine opened by IPC sit in torch's IPC limbo until ipc_collect(); only then
+    can empty_cache() hand them back to the GPU."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: calls.append("ipc_collect"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    WeightExporter(lambda size: iter([])).end()
+    assert calls == ["ipc_collect", "empty_cache"]
