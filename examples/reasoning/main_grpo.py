@@ -1,6 +1,6 @@
 """GRPO on math reasoning: `python examples/reasoning/main_grpo.py [recipe] [key=value ...]`.
 
-Exit codes: rlinf/runners/exit_codes.py (and docs/configuration.md, "Exit codes")."""
+Exit codes: rlinf/config/exit_codes.py (and docs/configuration.md, "Exit codes")."""
 
 import sys
 from pathlib import Path

@@ -90,14 +90,14 @@ def render_reference() -> str:
 
 
 def _exit_code_rows() -> list[str]:
-    from rlinf.runners.exit_codes import TABLE
+    from rlinf.config.exit_codes import TABLE
 
     return [
         "## Exit codes",
         "",
         "`examples/reasoning/main_grpo.py` ends bad input with one line naming the key or file and the",
         "problem, checked before anything is written and before Ray starts, and an exit code per class",
-        "(`rlinf/runners/exit_codes.py`):",
+        "(`rlinf/config/exit_codes.py`):",
         "",
         "| code | meaning |",
         "| --- | --- |",

@@ -1,7 +1,7 @@
 """Entry point behind examples/reasoning/main_grpo.py: config -> data -> Ray workers -> GRPO loop.
 
 Bad input (recipe, data, model or checkpoint) ends with one line naming the file or key and the
-problem, and a distinct exit code (rlinf.runners.exit_codes). Everything the driver can check is
+problem, and a distinct exit code (rlinf.config.exit_codes). Everything the driver can check is
 checked before anything is written and before Ray starts, so a refused run leaves nothing behind.
 """
 
@@ -13,8 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from rlinf.config import DEFAULT_RECIPE, load_config, save_resolved_config
-from rlinf.runners import exit_codes
+from rlinf.config import DEFAULT_RECIPE, exit_codes, load_config, save_resolved_config
 from rlinf.workers.backends import BackendUnavailableError, check_backends
 
 logger = logging.getLogger("rlinf")

@@ -1,6 +1,6 @@
 """Bad input ends cleanly: main_grpo.py as a new user runs it, with a recipe, data, model or checkpoint
 that cannot work. Each gives one line naming the file and the problem, its own exit code
-(rlinf.runners.exit_codes), no traceback, nothing written, and no Ray started."""
+(rlinf.config.exit_codes), no traceback, nothing written, and no Ray started."""
 
 import json
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf.runners import exit_codes
+from rlinf.config import exit_codes
 from rlinf.runners.main import run
 from tests.integration.conftest import small_config, small_run_overrides
 

@@ -3,9 +3,9 @@ WorkerError's cause, as rlinf.scheduler.worker_group raises it) exits with that 
 
 import pytest
 
+from rlinf.config import exit_codes
 from rlinf.config.typed import ConfigError
 from rlinf.data.records import DatasetError
-from rlinf.runners import exit_codes
 from rlinf.runners.main import worker_failure_code
 from rlinf.scheduler.worker_group import WorkerDiedError, WorkerError
 from rlinf.utils.checkpoint import CheckpointError
