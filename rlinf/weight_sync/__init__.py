@@ -2,10 +2,11 @@
 
 - object store (embedded backends): the actor's CPU buckets travel through Ray's object store;
   the rollout fetches them from the actor's node, never through the driver.
-- CUDA IPC (colocated SGLang): each bucket is flattened into one GPU buffer on the actor, its IPC
-  handle goes to the engine (`update_weights_from_tensor`, flattened_bucket); the actor keeps every
-  buffer until the engines have flushed. Released engine weights are resumed first; the KV cache
-  comes back only after the actor has offloaded (the runner's order, rlinf/runners/colocation.py).
+- CUDA IPC (colocated SGLang): bucket by bucket, every actor rank packs the bucket into one GPU
+  buffer and sends its IPC handle; the engines load it (`update_weights_from_tensor`,
+  flattened_bucket), and only then do the actor ranks drop it and pack the next. Released engine
+  weights are resumed first; the KV cache comes back only after the actor has offloaded (the
+  runner's order, rlinf/runners/colocation.py).
 - NCCL (disaggregated SGLang): a weight-update group (actor rank 0 + every engine GPU) is built once,
   then each bucket is broadcast while the engines receive it (`update_weights_from_distributed`).
 
@@ -23,6 +24,7 @@ from rlinf.weight_sync.plan import (
     NCCL,
     OBJECT_STORE,
     WEIGHT_GROUP_NAME,
+    BucketMeta,
     choose_strategy,
     nccl_group_plan,
 )
@@ -57,15 +59,14 @@ def sync_object_store(roles, bucket_bytes: int) -> None:
 def sync_cuda_ipc(roles, bucket_bytes: int) -> None:
     actor, rollout = roles.actor, roles.rollout
     rollout.call("wake", ["weights"])  # a released engine gets empty weight memory back, filled below
-    # Every actor rank takes part (a sharded actor's export is collective); rank 0's layout is the plan.
-    layouts = actor.call("weight_export", "begin", bucket_bytes)[0]
+    actor.call("weight_export", "begin", bucket_bytes)
     try:
-        for index in range(len(layouts)):
-            handles = actor.call("weight_export", "ipc_handle", index)  # one per actor rank
-            rollout.call("update_weights_ipc", handles)
+        while next_bucket(actor) is not None:
+            handles = actor.call("weight_export", "ipc_handle")  # one per actor rank
+            rollout.call("update_weights_ipc", handles)  # returns once the engines have loaded it
         rollout.call("flush_cache")
     finally:
-        actor.call("weight_export", "end")  # only now may the actor reuse the buffers
+        actor.call("weight_export", "end")
 
 
 def sync_nccl(roles, bucket_bytes: int) -> None:
@@ -73,15 +74,28 @@ def sync_nccl(roles, bucket_bytes: int) -> None:
     if not _nccl_ready.get(rollout):
         join_nccl_group(roles)
         _nccl_ready[rollout] = True
-    layouts = actor.call("weight_export", "begin", bucket_bytes)[0]
+    actor.call("weight_export", "begin", bucket_bytes)
     try:
-        for index, layout in enumerate(layouts):
+        while (layout := next_bucket(actor)) is not None:
             receiving = rollout.call_async("update_weights_nccl", layout.names, layout.dtypes, layout.shapes)
-            actor.call("weight_export", "broadcast", index)
-            rollout._get(receiving)
+            # Only actor rank 0 is in the weight-update group; the others wait for the next bucket.
+            actor.get([actor.handles[0].execute.remote("weight_export", "broadcast")])
+            rollout.get(receiving)
         rollout.call("flush_cache")
     finally:
         actor.call("weight_export", "end")
+
+
+def next_bucket(actor) -> BucketMeta | None:
+    """Every actor rank drops the bucket the engines have taken and packs the next (a sharded export
+    is collective: all ranks advance together); its layout, None at the end."""
+    layouts = actor.call("weight_export", "next_bucket")
+    if any(layout != layouts[0] for layout in layouts):
+        sizes = [None if layout is None else len(layout.tensors) for layout in layouts]
+        raise RuntimeError(
+            f"weight sync: the actor ranks packed different buckets (tensors per rank: {sizes})"
+        )
+    return layouts[0]
 
 
 def join_nccl_group(roles) -> None:
@@ -97,8 +111,8 @@ def join_nccl_group(roles) -> None:
     trainer = actor.handles[0].execute.remote(
         "weight_export", "join_group", host, port, plan.world_size, WEIGHT_GROUP_NAME
     )
-    rollout._get(engines)
-    actor._get([trainer])
+    rollout.get(engines)
+    actor.get([trainer])
 
 
 SYNCS = {OBJECT_STORE: sync_object_store, CUDA_IPC: sync_cuda_ipc, NCCL: sync_nccl}

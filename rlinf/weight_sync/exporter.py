@@ -1,64 +1,81 @@
 """Actor side of the GPU weight syncs: one `WeightExporter` per actor process.
 
-It holds what must outlive a single Ray call: the bucket plan of this sync, the GPU copies whose
-CUDA IPC handles an engine holds (kept until `end()`, i.e. until every engine has loaded them and
-flushed), and the NCCL weight-update group. An actor exposes it through one method,
+A sync streams: the driver asks every actor rank for the next bucket, each rank gathers and packs it
+into one GPU buffer, the engines take it (CUDA IPC handle, or NCCL broadcast from rank 0), and only
+then does the next request drop it. A rank therefore holds at most two buckets' bytes: the one
+handed over, and the first tensor of the next (`pack_buckets`). Megatron's export is collective, so
+every rank is called for every verb and advances bucket by bucket in lockstep. The exporter also
+keeps the NCCL weight-update group between syncs. An actor exposes it through one method,
 `weight_export(verb, *args)`, so the verbs below are the whole interface.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 
 import torch
 
-from rlinf.weight_sync.plan import BucketMeta, bucket_meta, flatten_bucket
+from rlinf.weight_sync.plan import BucketMeta, pack_buckets, unflatten_bucket
 
-BucketSource = Callable[[int], Iterator[list[tuple[str, torch.Tensor]]]]
+# A fresh pass over the HF-named weights (a Megatron export's are gathered GPU copies, made one by one).
+TensorSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
 class WeightExporter:
-    def __init__(self, buckets: BucketSource) -> None:
-        self._buckets = buckets  # bucket_bytes -> iterator of HF-named GPU tensors (views)
-        self._plan: list[list[tuple[str, torch.Tensor]]] = []
-        self._kept: list[torch.Tensor] = []  # flattened copies engines may still read
-        self._payloads: dict[int, bytes] = {}  # serialized IPC payload per bucket index
+    def __init__(self, tensors: TensorSource) -> None:
+        self._tensors = tensors
+        self._stream: Iterator[tuple[torch.Tensor, BucketMeta]] | None = None
+        self._bucket: tuple[torch.Tensor, BucketMeta] | None = None  # the one engines are taking
         self._group = None
 
     # -- every strategy -------------------------------------------------------------------------
-    def begin(self, bucket_bytes: int) -> list[BucketMeta]:
-        """Fix this sync's buckets (views of the current weights) and return their layouts."""
+    def begin(self, bucket_bytes: int) -> None:
+        """Start this sync's pass over the weights; nothing is gathered yet."""
         self.end()
-        self._plan = list(self._buckets(bucket_bytes))
-        return [bucket_meta(b) for b in self._plan]
+        self._stream = pack_buckets(self._tensors(), bucket_bytes)
+
+    def next_bucket(self) -> BucketMeta | None:
+        """Drop the bucket the engines have taken, gather and pack the next one; its layout, or None
+        once every weight has been sent."""
+        if self._stream is None:
+            raise RuntimeError("weight sync: next_bucket before begin")
+        self._drop_bucket()
+        self._bucket = next(self._stream, None)
+        return None if self._bucket is None else self._bucket[1]
 
     def end(self) -> None:
-        """Drop the plan and the kept GPU copies (every engine has loaded and flushed)."""
-        self._plan, self._kept, self._payloads = [], [], {}
+        """Stop the pass and free the last bucket (every engine has loaded and flushed)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._drop_bucket()
         if torch.cuda.is_available():
-            # Buffers an engine opened by IPC wait in torch's IPC limbo after we drop them, until
-            # ipc_collect() sees the engine has released them; only then can the cache give them back.
-            torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
 
+    def _drop_bucket(self) -> None:
+        self._bucket = None
+        if torch.cuda.is_available():
+            # A buffer an engine opened by IPC waits in torch's IPC limbo after we drop it, until
+            # ipc_collect() sees the engine has released it; only then can the allocator reuse it.
+            torch.cuda.ipc_collect()
+
+    def _current(self) -> tuple[torch.Tensor, BucketMeta]:
+        if self._bucket is None:
+            raise RuntimeError("weight sync: no bucket in hand (next_bucket first)")
+        return self._bucket
+
     # -- CUDA IPC (colocated SGLang) ----------------------------------------------------------
-    def ipc_handle(self, index: int) -> bytes:
-        """Bucket `index` flattened into one GPU buffer, serialized as SGLang's flattened_bucket
-        payload: the bytes carry a CUDA IPC handle (GPU named by UUID), not the data."""
+    def ipc_handle(self) -> bytes:
+        """The current bucket as SGLang's flattened_bucket payload: the bytes carry a CUDA IPC
+        handle of this rank's buffer (GPU named by UUID), not the data."""
+        flat, meta = self._current()
         from sglang.srt.utils import MultiprocessingSerializer
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
         monkey_patch_torch_reductions()
-        if index in self._payloads:
-            return self._payloads[index]
-        flat, meta = flatten_bucket(self._plan[index])
-        # The flat copy is what engines read; drop the plan's tensors (a Megatron export's are
-        # gathered copies, not views), so a sync holds one copy of the weights, not two.
-        self._plan[index] = []
-        self._kept.append(flat)
         metadata = [
             FlattenedTensorMetadata(
                 name=t.name,
@@ -70,10 +87,7 @@ class WeightExporter:
             )
             for t in meta.tensors
         ]
-        self._payloads[index] = MultiprocessingSerializer.serialize(
-            {"flattened_tensor": flat, "metadata": metadata}
-        )
-        return self._payloads[index]
+        return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})
 
     # -- NCCL (disaggregated SGLang) ----------------------------------------------------------
     @staticmethod
@@ -93,12 +107,12 @@ class WeightExporter:
 
         self._group = new_nccl_group(host, port, world_size, 0, group_name, timedelta(seconds=timeout_s))
 
-    def broadcast(self, index: int) -> None:
-        """Broadcast bucket `index` tensor by tensor, in plan order (what the engines expect)."""
+    def broadcast(self) -> None:
+        """Broadcast the current bucket tensor by tensor, in layout order (what the engines expect)."""
         if self._group is None:
             raise RuntimeError("weight sync: broadcast before join_group")
-        for _, tensor in self._plan[index]:
-            torch.distributed.broadcast(tensor.detach().contiguous(), src=0, group=self._group)
+        for _, tensor in unflatten_bucket(*self._current()):
+            torch.distributed.broadcast(tensor, src=0, group=self._group)
         torch.cuda.synchronize()
 
     def leave_group(self) -> None:
@@ -114,4 +128,4 @@ def dispatch(exporter: WeightExporter, verb: str, *args):
     return getattr(exporter, verb)(*args)
 
 
-VERBS = ("begin", "end", "ipc_handle", "address", "join_group", "broadcast", "leave_group")
+VERBS = ("begin", "next_bucket", "end", "ipc_handle", "address", "join_group", "broadcast", "leave_group")

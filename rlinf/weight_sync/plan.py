@@ -1,9 +1,9 @@
-"""Pure pieces of a weight sync: which strategy a placement uses, bucket metadata, the flattened
-bucket layout, and the NCCL group's ranks. No Ray, no sglang: tested on the CPU."""
+"""Pure pieces of a weight sync: which strategy a placement uses, bucket metadata, packing tensors
+into flattened buckets, and the NCCL group's ranks. No Ray, no sglang: tested on the CPU."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,28 +60,54 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def bucket_meta(bucket: Sequence[tuple[str, torch.Tensor]]) -> BucketMeta:
-    metas, offset = [], 0
-    for name, tensor in bucket:
-        nbytes = tensor.numel() * tensor.element_size()
-        metas.append(TensorMeta(name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, nbytes))
-        offset += nbytes
-    return BucketMeta(tuple(metas))
+ALIGN_BYTES = 16  # each tensor starts at a multiple: its bytes can be viewed as any dtype (<= 8 bytes)
 
 
-def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, BucketMeta]:
-    """One contiguous uint8 buffer holding every tensor of the bucket (mixed dtypes), plus its layout.
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN_BYTES) * ALIGN_BYTES
 
-    A fresh copy on the tensors' device: the model may change afterwards without touching it.
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def pack_buckets(
+    tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[tuple[torch.Tensor, BucketMeta]]:
+    """Consecutive buckets of `tensors`, each packed into one uint8 buffer (mixed dtypes) as its
+    tensors arrive, with its layout. Copies: the model may change afterwards without touching them.
+
+    Memory: a source tensor is dropped as soon as it is copied, so a bucket costs its buffer
+    (`bucket_bytes`, or one tensor that is larger) plus the source tensor in hand. A bucket is
+    complete when the next tensor does not fit, so while the consumer holds bucket i the first tensor
+    of bucket i+1 is alive too: at most two buckets' bytes, provided the consumer drops bucket i
+    before asking for the next one.
     """
-    if not bucket:
-        raise ValueError("cannot flatten an empty bucket")
-    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
-    return flat, bucket_meta(bucket)
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    buffer: torch.Tensor | None = None
+    metas: list[TensorMeta] = []
+    used = 0
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        start = _aligned(used)
+        if buffer is not None and start + nbytes > buffer.numel():
+            bucket = buffer[:used], BucketMeta(tuple(metas))
+            buffer, metas, start = None, [], 0
+            yield bucket
+            del bucket  # this frame must not keep a bucket the consumer has dropped
+        if buffer is None:
+            buffer = torch.empty(max(bucket_bytes, nbytes), dtype=torch.uint8, device=tensor.device)
+        buffer[start : start + nbytes].copy_(_bytes_of(tensor))
+        metas.append(TensorMeta(name, dtype_name(tensor.dtype), tuple(tensor.shape), start, nbytes))
+        used = start + nbytes
+        del tensor  # a gathered copy goes now, not when the source has gathered the next one
+    if buffer is not None:
+        yield buffer[:used], BucketMeta(tuple(metas))
 
 
 def unflatten_bucket(flat: torch.Tensor, meta: BucketMeta) -> list[tuple[str, torch.Tensor]]:
-    """Views of `flat` under the bucket's names, dtypes and shapes (the inverse of flatten_bucket)."""
+    """Views of `flat` under the bucket's names, dtypes and shapes (the inverse of pack_buckets)."""
     return [
         (t.name, flat[t.start : t.start + t.nbytes].view(getattr(torch, t.dtype)).reshape(t.shape))
         for t in meta.tensors

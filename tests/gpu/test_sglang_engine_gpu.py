@@ -109,7 +109,7 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     patches torch's tensor pickling for CUDA handles (sglang's monkey_patch_torch_reductions), after
     which this process can no longer serialize CPU tensors for SGLang (seen on the H200: IndexError
     in patch_torch.py). In a real run exporter and engine live in different processes."""
-    from rlinf.models.weights import iter_weight_buckets
+    from rlinf.models.weights import checkpoint_tensors, iter_weight_buckets
     from rlinf.weight_sync.exporter import WeightExporter
 
     engine, max_new = tiny["engine"], 12
@@ -133,10 +133,12 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     torch.cuda.synchronize()
     free_released = free_gib()
     engine.resume(["weights"])
-    exporter = WeightExporter(lambda size: iter_weight_buckets(original, size))
-    layouts = exporter.begin(4 * 1024 * 1024)  # several buckets
-    for index in range(len(layouts)):
-        engine.load_tensors([exporter.ipc_handle(index)], flattened=True)
+    exporter = WeightExporter(lambda: checkpoint_tensors(original))
+    exporter.begin(4 * 1024 * 1024)  # several buckets
+    layouts = []
+    while (layout := exporter.next_bucket()) is not None:
+        layouts.append(layout)
+        engine.load_tensors([exporter.ipc_handle()], flattened=True)
     engine.flush_cache()
     exporter.end()
     engine.resume()

@@ -43,9 +43,11 @@ def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, me
         stage("trained 3 steps")
         trained = actor.named_weights()
         engine.resume(["weights"])
-        layouts = actor.weight_export("begin", 4 * 1024 * 1024)
-        for index in range(len(layouts)):
-            engine.load_tensors([actor.weight_export("ipc_handle", index)], flattened=True)
+        actor.weight_export("begin", 4 * 1024 * 1024)
+        layouts = []
+        while (layout := actor.weight_export("next_bucket")) is not None:
+            layouts.append(layout)
+            engine.load_tensors([actor.weight_export("ipc_handle")], flattened=True)
         engine.flush_cache()
         actor.weight_export("end")
         stage("IPC buckets loaded", buckets=len(layouts))

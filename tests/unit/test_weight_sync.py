@@ -4,20 +4,20 @@ on the GPU (tests/gpu/test_sglang_rollout.py)."""
 
 import pytest
 import torch
+from weight_sync_fakes import FakeGroup
 
 import rlinf.weight_sync as ws
-from rlinf.models.weights import iter_weight_buckets
+from rlinf.models.weights import checkpoint_tensors
 from rlinf.weight_sync.exporter import WeightExporter, dispatch
 from rlinf.weight_sync.plan import (
     CUDA_IPC,
     NCCL,
     OBJECT_STORE,
     WEIGHT_GROUP_NAME,
-    bucket_meta,
     choose_strategy,
-    flatten_bucket,
     handles_for_engine,
     nccl_group_plan,
+    pack_buckets,
     unflatten_bucket,
 )
 from rlinf.workers.rollout.base import RolloutWorker
@@ -33,34 +33,48 @@ def test_strategy_follows_the_placement():
         choose_strategy((CUDA_IPC,), colocated=False)
 
 
-def test_flattened_bucket_round_trips_mixed_dtypes():
-    bucket = [
-        ("a.weight", torch.randn(3, 4, dtype=torch.bfloat16)),
+def test_packed_bucket_round_trips_mixed_dtypes():
+    source = [
+        ("a.weight", torch.randn(3, 5, dtype=torch.bfloat16)),  # 30 bytes: the next start is aligned up
         ("gate.e_score_correction_bias", torch.randn(5, dtype=torch.float32)),  # stays fp32
         ("b.weight", torch.randn(2, 3, 2).transpose(0, 2)),  # non-contiguous view
     ]
-    flat, meta = flatten_bucket(bucket)
-    assert flat.dtype == torch.uint8 and flat.numel() == meta.nbytes == 3 * 4 * 2 + 5 * 4 + 12 * 4
+    ((flat, meta),) = pack_buckets(iter(source), 1024)
+    assert flat.dtype == torch.uint8 and meta.nbytes == 30 + 5 * 4 + 12 * 4
+    assert [t.start for t in meta.tensors] == [0, 32, 64] and flat.numel() == 64 + 48
     assert meta.names == ["a.weight", "gate.e_score_correction_bias", "b.weight"]
     assert meta.dtypes == ["bfloat16", "float32", "float32"]
-    assert meta.shapes == [[3, 4], [5], [2, 3, 2]]
-    for (name, original), (name2, restored) in zip(bucket, unflatten_bucket(flat, meta), strict=True):
+    assert meta.shapes == [[3, 5], [5], [2, 3, 2]]
+    for (name, original), (name2, restored) in zip(source, unflatten_bucket(flat, meta), strict=True):
         assert name == name2 and restored.dtype == original.dtype and torch.equal(restored, original)
-    bucket[0][1].zero_()  # the flattened copy does not follow later changes of the model
-    assert not torch.equal(unflatten_bucket(flat, meta)[0][1], bucket[0][1])
+    source[0][1].zero_()  # the packed copy does not follow later changes of the model
+    assert not torch.equal(unflatten_bucket(flat, meta)[0][1], source[0][1])
 
 
-def test_exporter_plans_hf_named_buckets_of_the_model():
+def test_pack_buckets_closes_a_bucket_when_the_next_tensor_does_not_fit():
+    sizes = [40, 40, 30, 100, 8]  # bytes; 100 is larger than a bucket and travels alone
+    source = [(f"t{i}", torch.zeros(n, dtype=torch.uint8)) for i, n in enumerate(sizes)]
+    buckets = [meta.names for _, meta in pack_buckets(iter(source), 64)]
+    assert buckets == [["t0"], ["t1"], ["t2"], ["t3"], ["t4"]]  # 40 + (aligned 48) + 40 > 64
+    buckets = [meta.names for _, meta in pack_buckets(iter(source), 96)]
+    assert buckets == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]
+    with pytest.raises(ValueError, match="bucket_bytes must be >= 1"):
+        next(pack_buckets(iter(source), 0))
+
+
+def test_exporter_streams_hf_named_buckets_of_the_model():
     from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
 
     model = random_deepseek_v3(TinyModelSettings(), vocab_size=40)
-    exporter = WeightExporter(lambda size: iter_weight_buckets(model, size))
-    layouts = dispatch(exporter, "begin", 64 * 1024)
+    exporter = WeightExporter(lambda: checkpoint_tensors(model))
+    dispatch(exporter, "begin", 64 * 1024)
+    layouts = list(iter(lambda: dispatch(exporter, "next_bucket"), None))
     names = [n for layout in layouts for n in layout.names]
-    expected = [n for b in iter_weight_buckets(model, 64 * 1024) for n, _ in b]
-    assert names == expected and len(layouts) > 1
+    assert names == [n for n, _ in checkpoint_tensors(model)] and len(layouts) > 1
     assert any(".mlp.experts.0.gate_proj.weight" in n for n in names)  # per-expert HF names
     assert all(layout.nbytes <= 64 * 1024 or len(layout.names) == 1 for layout in layouts)
+    with pytest.raises(RuntimeError, match="no bucket in hand"):
+        dispatch(exporter, "ipc_handle")  # the stream is done
     with pytest.raises(ValueError, match="unknown weight export verb 'train'"):
         dispatch(exporter, "train")
 
@@ -80,46 +94,9 @@ def test_nccl_group_ranks():
 
 
 # -- recording fakes for the driver-side order ------------------------------------------------
-class _Ref:
-    def __init__(self, value, rank=0, method=""):
-        self.value, self.rank, self.method = value, rank, method
-
-
-class _Handle:
-    def __init__(self, group, rank):
-        self.group, self.rank = group, rank
-        self.execute = self
-
-    def remote(self, method, *args):
-        return _Ref(self.group.record(self.rank, method, args), self.rank, method)
-
-
-class FakeGroup:
-    """A WorkerGroup stand-in: records (role, rank, method, args) in a shared log."""
-
-    def __init__(self, role, num, log, answer):
-        self.role, self.log, self.answer = role, log, answer
-        self.handles = [_Handle(self, r) for r in range(num)]
-
-    def __len__(self):
-        return len(self.handles)
-
-    def record(self, rank, method, args):
-        self.log.append((self.role, rank, method, args))
-        return self.answer(rank, method, args)
-
-    def call_async(self, method, *args):
-        return [h.execute.remote(method, *args) for h in self.handles]
-
-    def call(self, method, *args):
-        return self._get(self.call_async(method, *args))
-
-    def call_rank0(self, method, *args):
-        return self._get([self.handles[0].execute.remote(method, *args)])[0]
-
-    def _get(self, refs):
-        self.log.extend((self.role, r.rank, f"wait:{r.method}", ()) for r in refs)
-        return [r.value for r in refs]
+def layout_of(named):
+    ((_, layout),) = pack_buckets(iter(named), 1 << 20)
+    return layout
 
 
 class FakeRoles:
@@ -127,18 +104,21 @@ class FakeRoles:
         self.log = []
         self.colocated = colocated
         layouts = [
-            bucket_meta([("a", torch.zeros(2))]),
-            bucket_meta([("b", torch.zeros(3)), ("c", torch.zeros(1))]),
+            layout_of([("a", torch.zeros(2))]),
+            layout_of([("b", torch.zeros(3)), ("c", torch.zeros(1))]),
         ]
 
+        packed = iter(())
+
         def actor_answer(rank, method, args):
+            nonlocal packed
             if method != "weight_export":
                 return "cpu-buckets"
-            return {
-                "begin": layouts,
-                "ipc_handle": f"ipc{args[1] if len(args) > 1 else ''}",
-                "address": ("10.0.0.1", 4242),
-            }.get(args[0])
+            if args[0] == "begin":
+                packed = iter(layouts + [None])
+            if args[0] == "next_bucket":
+                return next(packed)
+            return {"ipc_handle": "ipc", "address": ("10.0.0.1", 4242)}.get(args[0])
 
         def rollout_answer(rank, method, args):
             if method == "weight_sync_info":
@@ -159,12 +139,15 @@ def test_colocated_sglang_sync_order():
     assert roles.steps() == [
         ("rollout", 0, "wake", (["weights"],)),  # weights back (empty) before the push
         ("actor", 0, "weight_export", ("begin", 1024 * 1024)),
-        ("actor", 0, "weight_export", ("ipc_handle", 0)),
-        ("rollout", 0, "update_weights_ipc", (["ipc0"],)),
-        ("actor", 0, "weight_export", ("ipc_handle", 1)),
-        ("rollout", 0, "update_weights_ipc", (["ipc1"],)),
+        ("actor", 0, "weight_export", ("next_bucket",)),
+        ("actor", 0, "weight_export", ("ipc_handle",)),
+        ("rollout", 0, "update_weights_ipc", (["ipc"],)),
+        ("actor", 0, "weight_export", ("next_bucket",)),  # drops bucket 0 only now: the engine has it
+        ("actor", 0, "weight_export", ("ipc_handle",)),
+        ("rollout", 0, "update_weights_ipc", (["ipc"],)),
+        ("actor", 0, "weight_export", ("next_bucket",)),  # None: every weight sent
         ("rollout", 0, "flush_cache", ()),
-        ("actor", 0, "weight_export", ("end",)),  # buffers freed only after every engine loaded
+        ("actor", 0, "weight_export", ("end",)),
     ]  # the KV cache is not resumed here: the runner does it once the actor has offloaded
 
 
@@ -180,19 +163,22 @@ def test_disaggregated_sglang_sync_order_joins_the_group_once():
     ]
     assert first[4:] == [
         ("actor", 0, "weight_export", ("begin", 1024 * 1024)),
+        ("actor", 0, "weight_export", ("next_bucket",)),
         # every engine is receiving before the actor broadcasts the bucket
         ("rollout", 0, "update_weights_nccl", (["a"], ["float32"], [[2]])),
         ("rollout", 1, "update_weights_nccl", (["a"], ["float32"], [[2]])),
-        ("actor", 0, "weight_export", ("broadcast", 0)),
+        ("actor", 0, "weight_export", ("broadcast",)),
+        ("actor", 0, "weight_export", ("next_bucket",)),
         ("rollout", 0, "update_weights_nccl", (["b", "c"], ["float32", "float32"], [[3], [1]])),
         ("rollout", 1, "update_weights_nccl", (["b", "c"], ["float32", "float32"], [[3], [1]])),
-        ("actor", 0, "weight_export", ("broadcast", 1)),
+        ("actor", 0, "weight_export", ("broadcast",)),
+        ("actor", 0, "weight_export", ("next_bucket",)),
         ("rollout", 0, "flush_cache", ()),
         ("rollout", 1, "flush_cache", ()),
         ("actor", 0, "weight_export", ("end",)),
     ]
     # an engine's receive is awaited only after the actor's broadcast of that bucket was sent
-    events = [(e[0], e[2], e[3][:1]) for e in roles.log if e[2] != "wait:weight_export" or e[3]]
+    events = [(e[0], e[2], e[3][:1]) for e in roles.log]
     sent = events.index(("actor", "weight_export", ("broadcast",)))
     waited = events.index(("rollout", "wait:update_weights_nccl", ()))
     assert sent < waited

@@ -4,9 +4,10 @@ One Ray worker per actor GPU; the worker group sets RANK / WORLD_SIZE / MASTER_A
 LOCAL_RANK and this class joins the NCCL group itself (`INITS_PROCESS_GROUP`), then megatron's
 model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
 
-- Model: AutoBridge.from_hf_pretrained -> to_megatron_provider(load_weights=True) -> recipe
+- Model: AutoBridge.from_hf_pretrained -> to_megatron_provider + a strict HF weight load -> recipe
   settings (rlinf.models.megatron.settings) -> finalize -> provide_distributed_model (megatron DDP,
-  Float16Module). Without Transformer Engine the layer spec is rlinf.models.megatron.spec's.
+  Float16Module). The layer spec is rlinf.models.megatron.te_spec's with Transformer Engine, else
+  rlinf.models.megatron.spec's (TE-free); rank 0 prints which and writes it to the logs folder.
 - Logprobs: sequences are re-packed right-padded (positions 0..L-1, causal attention, no mask),
   or with `actor.pack_sequences` back to back in one THD row (megatron's PackedSeqParams; the
   TE-free attention runs each sequence on its own); logits stay vocab-parallel and in the compute
@@ -107,6 +108,10 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         for warning in self.megatron_settings.warnings:
             logger.warning(warning)
         self._init_parallel_state()
+        if dist.get_rank() == 0:
+            from rlinf.models.megatron.bridge import announce_spec
+
+            self.spec = announce_spec(self.megatron_settings, self.te_available, cfg.runner.logger.log_path)
         self._build_model(resolve_model_path(cfg.actor.model.model_path))
         self._build_optimizer()
         self.settings = UpdateSettings.from_config(cfg)
@@ -151,7 +156,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     def _build_model(self, model_path: str) -> None:
         from megatron.core.distributed import DistributedDataParallelConfig
 
-        from rlinf.models.megatron.bridge import provider_for
+        from rlinf.models.megatron.bridge import provider_for, te_wgrad_fusion_without_apex
 
         m = self.cfg.actor.model
         self.bridge, self.provider = provider_for(
@@ -162,7 +167,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         )
         ddp_config = DistributedDataParallelConfig(**self.megatron_settings.ddp)
         # No pre_wrap_hook argument: it would replace the bridge's HF weight load (bridge.py).
-        self.model = self.provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True)
+        with te_wgrad_fusion_without_apex(self.provider):
+            self.model = self.provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True)
         self.compute_dtype = self.provider.params_dtype
 
     def _build_optimizer(self) -> None:
@@ -394,17 +400,14 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         return buckets
 
     def weight_export(self, verb: str, *args):
-        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang; rlinf.weight_sync.exporter). `begin` is
-        collective: Megatron-Bridge gathers every full HF tensor onto each rank's GPU, so each rank
-        holds the plan and its IPC handles point at a copy on its own GPU (handles_for_engine gives
-        an engine's TP rank the one on its GPU)."""
-        from rlinf.models.weights import iter_weight_buckets
+        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang; rlinf.weight_sync.exporter). `next_bucket`
+        is collective: Megatron-Bridge gathers each full HF tensor onto every rank's GPU, so each rank
+        packs the same bucket and its IPC handle points at a copy on its own GPU (the driver pairs it
+        with the engine TP rank on that GPU)."""
         from rlinf.weight_sync.exporter import WeightExporter, dispatch
 
         if self._weight_exporter is None:
-            self._weight_exporter = WeightExporter(
-                lambda size: iter_weight_buckets(self.iter_hf_weights(cpu=False), size)
-            )
+            self._weight_exporter = WeightExporter(lambda: self.iter_hf_weights(cpu=False))
         return dispatch(self._weight_exporter, verb, *args)
 
     def named_weights(self) -> dict[str, torch.Tensor]:

@@ -187,11 +187,11 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
 
     def weight_export(self, verb: str, *args):
         """GPU weight sync verbs (CUDA IPC / NCCL to SGLang); see rlinf.weight_sync.exporter."""
-        from rlinf.models.weights import iter_weight_buckets
+        from rlinf.models.weights import checkpoint_tensors
         from rlinf.weight_sync.exporter import WeightExporter, dispatch
 
         if not hasattr(self, "_weight_exporter"):
-            self._weight_exporter = WeightExporter(lambda size: iter_weight_buckets(self.model, size))
+            self._weight_exporter = WeightExporter(lambda: checkpoint_tensors(self.model))
         return dispatch(self._weight_exporter, verb, *args)
 
     def offload(self) -> None:
