@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The Megatron actor's GPU checks on a lent H200 (docs/megatron.md, "GPU checks"). One device call,
-# carry [".wray", ".wmeg", ".h10-pytest", ".h9-tiny"]:
+# The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
 #   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|resume|pack|grouped|host|all]   (default: all)
 #
@@ -20,10 +19,6 @@
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
 #          ops, where device->host syncs come from), then both actors at one 16384-token micro-batch
 #
-# .h10-pytest holds pytest wheels (the device image has none); .h9-tiny is a warm-started GPU-tiny
-# built on the CPU machine:
-#   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
-#     build_tiny_checkpoint as b; b('.h9-tiny', S)"
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,15 +26,11 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megatron-checks}
 mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
-[ -d .h9-tiny ] && export RLINF_GPU_TINY=$PWD/.h9-tiny
-
-source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
+source tests/gpu/provision.sh
+use_tiny_checkpoint .h9-tiny
+use_wheel_folders .wray .wmeg || exit 1
+use_pytest || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site/pytest .h10-pytest/*.whl 2>/dev/null ||
-    [ -d /tmp/site/pytest ] || { echo "no pytest: carry .h10-pytest" >&2; exit 1; }
-  export PYTHONPATH=/tmp/site/pytest${PYTHONPATH:+:$PYTHONPATH}
-fi
 PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
 # A failing check sets status even inside a pipeline (`run ... | tail`, a subshell): it leaves a mark.

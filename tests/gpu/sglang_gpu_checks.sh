@@ -1,26 +1,18 @@
 #!/usr/bin/env bash
-# The SGLang rollout's GPU checks on a lent H200 (docs/sglang.md, "GPU checks"). Two device calls,
-# the second within 30 s of the first (ray and sglang never fit one call's 64 MiB carry):
+# The SGLang rollout's GPU checks (docs/sglang.md, "GPU checks"; setup and the order of calls on a
+# machine provisioned from wheel folders: tests/gpu/README.md):
 #
-#   1. carry [".whl", ".h10-pytest"]:                   bash tests/gpu/sglang_gpu_checks.sh engine
-#      installs sglang, then: signatures, GPU-tiny logprobs / IPC weight update / memory hand-over /
-#      min_new_tokens, Moonlight-slice logprobs
-#      (engine+bench: the same, then benchmarks/rollout_decode.py with SGLang, the torch rollout and
-#      transformers' generate on the slice the tests built, batches 64/256 x 512 new tokens)
-#   2. carry [".wray", ".wmeg", ".h10-pytest", ".h10-tiny"]: bash tests/gpu/sglang_gpu_checks.sh loop [pytest args, e.g. -k megatron]
-#      the GRPO loop colocated on one GPU (Ray + SGLang rollout + torch actor), 4 steps
+#   bash tests/gpu/sglang_gpu_checks.sh engine        signatures, GPU-tiny logprobs / IPC weight update /
+#                                                     memory hand-over / min_new_tokens, Moonlight-slice logprobs
+#   bash tests/gpu/sglang_gpu_checks.sh engine+bench  the same, then benchmarks/rollout_decode.py with SGLang,
+#                                                     the torch rollout and transformers' generate on the
+#                                                     slice the tests built, batches 64/256 x 512 new tokens
+#   bash tests/gpu/sglang_gpu_checks.sh loop [pytest args, e.g. -k megatron]
+#                                                     the GRPO loop colocated on one GPU (Ray + SGLang
+#                                                     rollout + torch or Megatron actor), 4 steps
+#   bash tests/gpu/sglang_gpu_checks.sh step [args]   benchmarks/grpo_step_runner.py: a whole colocated
+#                                                     step on the slice, split by phase
 #
-#   3. (like 2, carry [".wray", ".wmeg"]):              bash tests/gpu/sglang_gpu_checks.sh step [args]
-#      benchmarks/grpo_step_runner.py: a whole colocated step on the slice, split by phase
-#
-# .wray and .wmeg are ../shared/device/prepare.sh's .whl2 split in two (megatron-* wheels in .wmeg, the
-# rest in .wray), each with a copy of .whl2/tools:
-#   mkdir -p .wray .wmeg && cp -r .whl2/tools .wray/ && cp -r .whl2/tools .wmeg/ &&
-#   for f in .whl2/*.whl; do case ${f##*/} in megatron*) cp "$f" .wmeg/ ;; *) cp "$f" .wray/ ;; esac; done
-# .h10-pytest holds pytest/pluggy/iniconfig wheels (the device image has no pytest); .h10-tiny is a
-# warm-started GPU-tiny checkpoint built on the CPU machine:
-#   python -c "from rlinf.models.slice import GPU_TINY_SETTINGS as S; from rlinf.models.tiny import \
-#     build_tiny_checkpoint as b; b('.h10-tiny', S)"
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,13 +22,7 @@ mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
 status=0
 
-use_pytest() {
-  if ! python3 -c "import pytest" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site/pytest .h10-pytest/*.whl 2>/dev/null ||
-      [ -d /tmp/site/pytest ] || { echo "no pytest: carry .h10-pytest" >&2; exit 1; }
-    export PYTHONPATH=/tmp/site/pytest${PYTHONPATH:+:$PYTHONPATH}
-  fi
-}
+source tests/gpu/provision.sh
 
 # The tail of every non-empty Ray worker log (SGLang's children write their tracebacks there), in
 # one archive: a call brings back only so many files, and the figures must not lose their place.
@@ -49,18 +35,17 @@ save_ray_logs() {
   tar czf "$OUT/ray_logs.tar.gz" -C "$tails" .
 }
 
-# Ray + Megatron from this call's carry, on top of the sglang the previous call installed.
+# Ray, Megatron and SGLang: installed, or from the wheel folders present (on top of an SGLang set an
+# earlier `engine` run installed on this machine).
 use_project_stack() {
-  source .wray/tools/install.sh >/dev/null && source .wmeg/tools/install.sh >/dev/null || exit 1
-  source /tmp/site/env.sh
-  python3 -c "import sglang" || { echo "sglang not installed: run the engine call first (30 s)"; exit 1; }
+  use_wheel_folders .wray .wmeg || exit 1
+  python3 -c "import sglang" || { echo "sglang is not importable: install.sh agentic, or run 'engine' first" >&2; exit 1; }
 }
 
 case "${1:-}" in
   engine|engine+bench)
-    bash .whl/tools/install.sh >/dev/null || exit 1
-    source /tmp/site/env.sh
-    use_pytest
+    use_wheel_folders .whl || exit 1
+    use_pytest || exit 1
     budget=560
     [ "$1" = engine+bench ] && budget=300
     timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
@@ -79,13 +64,14 @@ case "${1:-}" in
     ;;
   loop)
     use_project_stack
-    use_pytest
+    use_pytest || exit 1
+    use_tiny_checkpoint .h10-tiny
     # FRESH_KERNEL_CACHES=1: this run compiles its triton / inductor kernels anew (the diagnostic for
     # the engine fault that follows the order of runs on a machine; docs/sglang.md)
     if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
       export TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-cache.XXXX)
     fi
-    RLINF_GPU_TINY=$PWD/.h10-tiny timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     status=${PIPESTATUS[0]}
     save_ray_logs
