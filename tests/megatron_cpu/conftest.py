@@ -2,13 +2,44 @@
 
 Needs megatron-core 0.19 and megatron-bridge 0.6 (Python >= 3.12, the agentic stack). Without them
 every test module here skips itself at import, with the reason, so the embedded CPU suite (Python
-3.11, no megatron) collects and skips this directory. Run: python -m pytest -q tests/megatron_cpu with the megatron stack's Python.
+3.11, no megatron) collects and skips this directory. Run `python -m pytest -q tests/megatron_cpu`
+with the megatron stack's Python (`bash requirements/install.sh megatron-cpu --venv DIR` makes one).
+
+With RLINF_REQUIRE_MEGATRON=1 (CI's Python 3.12 run) every skip here is a failure instead: a
+missing or broken megatron install, or a test that finds nothing to check, cannot pass as green.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+REQUIRE_MEGATRON = os.environ.get("RLINF_REQUIRE_MEGATRON") == "1"
+
+
+def _fail_instead_of_skip(report, what: str) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    report.outcome = "failed"
+    report.longrepr = f"RLINF_REQUIRE_MEGATRON=1 forbids skips: {what} skipped ({reason})"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if REQUIRE_MEGATRON and report.skipped:
+        _fail_instead_of_skip(report, collector.nodeid)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if REQUIRE_MEGATRON and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_instead_of_skip(report, item.nodeid)
+    return report
 
 
 @pytest.fixture(scope="session")
