@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from rlinf.config.loader import save_resolved_config
+from rlinf.config.placement import parse_placement
 from rlinf.config.schema import Config
-from rlinf.config.typed import to_dict
+from rlinf.config.typed import ConfigError, to_dict
 from rlinf.data.loader import PromptLoader
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.checkpoint import CheckpointError, CheckpointManager, check_complete, check_weight_files
@@ -22,14 +24,24 @@ logger = logging.getLogger(__name__)
 
 RUNNER_STATE_FILE = "runner_state.json"
 ACTOR_DIR = "actor"
-# Fields that must match for a checkpoint to continue the same run.
+# Fields that must match for a checkpoint to continue the same run (dotted keys).
 RESUME_INVARIANTS = (
-    ("runner", "seed"),
-    ("data", "type"),
-    ("data", "rollout_batch_size"),
-    ("data", "shuffle"),
-    ("algorithm", "group_size"),
-    ("actor", "training_backend"),
+    "runner.seed",
+    "data.type",
+    "data.rollout_batch_size",
+    "data.shuffle",
+    "algorithm.group_size",
+    "actor.training_backend",
+)
+# A Megatron checkpoint is sharded by the parallel layout and the ranks that wrote it, and its
+# loader does not reshard: the layout must match too. The torch actor's checkpoint is one full
+# copy written by rank 0, which any number of workers can load.
+LAYOUT_SIZES = (
+    ("TP", "actor.model.tensor_model_parallel_size"),
+    ("PP", "actor.model.pipeline_model_parallel_size"),
+    ("EP", "actor.model.expert_model_parallel_size"),
+    ("ETP", "actor.model.expert_tensor_parallel_size"),
+    ("CP", "actor.model.context_parallel_size"),
 )
 
 
@@ -88,13 +100,39 @@ def _check_compatible(cfg: Config, config_file: Path) -> None:
     if not isinstance(saved, dict):
         raise CheckpointError(f"{config_file}: not a resolved config (expected a mapping)")
     current = to_dict(cfg)
-    for section, key in RESUME_INVARIANTS:
-        old = (saved.get(section) or {}).get(key)
-        new = current[section][key]
+    for key in RESUME_INVARIANTS:
+        old, new = _dotted(saved, key), _dotted(current, key)
         if old != new:
             raise CheckpointError(
-                f"{config_file}: incompatible checkpoint: {section}.{key} was {old!r}, this run has {new!r}"
+                f"{config_file}: incompatible checkpoint: {key} was {old!r}, this run has {new!r}"
             )
+    if cfg.actor.training_backend == "megatron":
+        old_layout, new_layout = actor_layout(saved), actor_layout(current)
+        if old_layout != new_layout:
+            raise CheckpointError(
+                f"{config_file}: incompatible checkpoint: it was written at the parallel layout "
+                f"{old_layout}, this run has {new_layout}; a Megatron checkpoint resumes only at the layout "
+                "that wrote it (set actor.model.* and cluster.component_placement as saved)"
+            )
+
+
+def _dotted(tree: dict, key: str) -> object:
+    value: object = tree
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def actor_layout(resolved: dict) -> str:
+    """'TP=2 PP=1 EP=2 ETP=1 CP=1 on 4 actor ranks' from a resolved config (as saved with a checkpoint)."""
+    sizes = " ".join(f"{name}={_dotted(resolved, key)}" for name, key in LAYOUT_SIZES)
+    cluster = resolved.get("cluster") or {}
+    try:
+        gpus = int(cluster.get("num_nodes") or 1) * int(cluster.get("num_gpus_per_node") or 0)
+        ranks: object = max(len(parse_placement(cluster["component_placement"], gpus).gpus["actor"]), 1)
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError):
+        ranks = "?"
+    return f"{sizes} on {ranks} actor rank(s)"
 
 
 class RunCheckpointer:
@@ -123,13 +161,15 @@ class RunCheckpointer:
         logger.info("saved checkpoint %s", self.last_saved)
         return self.last_saved
 
-    def maybe_resume(self) -> int:
-        """Restore the run from runner.resume_dir; returns the step it continues after (0 = fresh)."""
+    def maybe_resume(self, in_memory_order: Callable[[Callable[[], object]], None]) -> int:
+        """Restore the run from runner.resume_dir; returns the step it continues after (0 = fresh).
+        `in_memory_order(sync)` runs the weight sync in the colocated memory order (the runner's
+        ColocatedMemory.sync_after_load)."""
         point = find_resume_point(self.cfg, self.loader)  # also restores the loader's position
         if point is None:
             return 0
         self.roles.actor.load(str(point.path / ACTOR_DIR))  # collective: every rank restores
-        sync_weights(self.roles, self.cfg.rollout.weight_sync_bucket_mb)
+        in_memory_order(lambda: sync_weights(self.roles, self.cfg.rollout.weight_sync_bucket_mb))
         self.metrics.truncate_after(point.step)
         self.last_saved, self.last_saved_step = point.path, point.step
         d = point.data_state
