@@ -19,7 +19,7 @@ H200 the offload and onload took a third of a step on the Moonlight slice, docs/
 otherwise they keep offloading. The decision is logged and reported once as
 memory/auto_resident_peak_gib and actor/offload_between_phases (1 offloading, 0 resident).
 Disaggregated and CPU placements (`roles.colocated` false) skip the transitions: only the weight
-sync runs.
+sync runs. A resume pushes the restored weights in the same order (`sync_after_load`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ class ColocatedMemory:
         self.offload_actor = bool(offload_actor)
         self.timer = timer
         self.memory: dict[str, float] = {}
+        self.actor_offloaded = False
 
     def start(self) -> None:
-        """Before the first rollout: the actor leaves the GPUs if it is to be offloaded."""
-        if self.active and self.offload_actor:
+        """Before the first rollout: the actor leaves the GPUs if it is to be offloaded (a resume's
+        sync has already offloaded it)."""
+        if self.active and self.offload_actor and not self.actor_offloaded:
             self._transition("actor_offload", self.roles.actor.offload)
 
     def before_actor(self) -> None:
@@ -63,6 +65,23 @@ class ColocatedMemory:
             with self.timer.phase("weight_sync"):
                 sync()
             return
+        self._sync_in_order(sync)
+        if self.deciding:
+            self._decide_offload()
+
+    def sync_after_load(self, sync: Callable[[], object]) -> None:
+        """Weights restored outside a step (a resume): the step's order from the engine's release on,
+        since the engine is up with its KV cache. Not a step: nothing is timed into step metrics,
+        and `auto` still decides from step 1."""
+        if not self.active:
+            sync()
+            return
+        self.before_actor()
+        self._sync_in_order(sync)
+        self.pop_metrics()
+        self.timer.pop()
+
+    def _sync_in_order(self, sync: Callable[[], object]) -> None:
         self._transition("rollout_resume_weights", lambda: self.roles.rollout.wake(["weights"]))
         self._transition("weight_sync", sync)
         if self.offload_actor:
@@ -70,8 +89,6 @@ class ColocatedMemory:
         self._transition(
             "rollout_resume_kv_cache", lambda: self.roles.rollout.wake(["kv_cache", "cuda_graph"])
         )
-        if self.deciding:
-            self._decide_offload()
 
     def _decide_offload(self) -> None:
         """auto: after the first offloaded step, keep the actor resident if it would fit."""
@@ -119,6 +136,8 @@ class ColocatedMemory:
         started = time.perf_counter()
         with self.timer.phase(name):
             reported = action()
+        if name in ("actor_offload", "actor_onload"):
+            self.actor_offloaded = name == "actor_offload"
         if isinstance(reported, dict):  # e.g. the Megatron actor's actor/offload_freed_gib
             self.memory.update(reported)
         used = self.roles.actor.device_memory_used_gib()

@@ -47,7 +47,7 @@ class GRPORunner:
     def run(self) -> Path | None:
         """Train to the end (or a stop signal); returns the last checkpoint's path."""
         r = self.cfg.runner
-        self.step = self.checkpointer.maybe_resume()
+        self.step = self.checkpointer.maybe_resume(self.memory.sync_after_load)
         self.memory.start()
         if self.step == 0 and r.val_check_interval > 0:
             self.metrics.log(self.validate(), step=0)

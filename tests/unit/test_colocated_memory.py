@@ -118,3 +118,47 @@ def test_a_checkpoint_of_an_offloaded_actor_gets_the_engines_kv_cache_memory(mod
     else:
         assert gpu.calls == ["save"]
     assert memory.pop_metrics() == {}  # not a step transition: nothing leaks into the next step
+
+
+@pytest.mark.parametrize(
+    ("colocated", "offload", "expected"),
+    [
+        (True, True, [
+            "actor.load", "rollout.sleep", "actor.onload", "rollout.wake['weights']", "sync",
+            "actor.offload", "rollout.wake['kv_cache', 'cuda_graph']",
+        ]),  # start() does not offload again
+        (True, False, [
+            "actor.load", "rollout.sleep", "actor.onload", "rollout.wake['weights']", "sync",
+            "rollout.wake['kv_cache', 'cuda_graph']",
+        ]),
+        (False, True, ["actor.load", "sync"]),  # disaggregated: nothing to release
+    ],
+)  # fmt: skip
+def test_a_resume_syncs_in_the_colocated_order(tmp_path, monkeypatch, colocated, offload, expected):
+    """The resumed weights reach the engine the way a step's do: the engine releases its KV cache and
+    weights first, instead of the sync running next to a full engine."""
+    from rlinf.config import load_config
+    from rlinf.runners import checkpointing, grpo_runner
+    from rlinf.utils.metrics import MetricLogger
+
+    cfg = load_config(
+        "tiny-moe-grpo-cpu",
+        [
+            f"runner.output_dir={tmp_path / 'results'}",
+            "runner.max_steps=3",
+            "runner.save_at_end=false",
+        ],
+    )
+    gpu = FakeGPU(total=140, actor=45, engine=70)
+    roles = roles_on(gpu)
+    roles.colocated = colocated
+    roles.actor.load = lambda path: gpu.calls.append("actor.load")
+    resumed = checkpointing.ResumePoint(tmp_path, step=3, data_state={"epoch": 0, "index": 0})
+    monkeypatch.setattr(checkpointing, "find_resume_point", lambda cfg, loader: resumed)
+    monkeypatch.setattr(checkpointing, "sync_weights", lambda roles, bucket_mb: gpu.calls.append("sync"))
+    runner = grpo_runner.GRPORunner(cfg, roles, list(range(64)), None, MetricLogger(tmp_path / "logs", ()))
+    # what actor.offload_between_phases gives on GPUs (a CPU recipe may not set it)
+    runner.memory = ColocatedMemory(roles, offload_actor=offload, timer=runner.timer)
+    assert runner.run() is None  # step 3 of 3: resumes, trains nothing
+    assert gpu.calls == expected
+    assert runner.memory.pop_metrics() == {} and runner.timer.pop() == {}  # nothing leaks into a step
