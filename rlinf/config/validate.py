@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from rlinf.config.honoured import HONOURED, chosen_backends, honoured_by
 from rlinf.config.placement import Placement, parse_placement
+from rlinf.config.ranges import check_ranges
 from rlinf.config.schema import Config
 from rlinf.config.typed import ConfigError
 
@@ -61,30 +62,18 @@ def check_names(cfg: Config) -> None:
         _one_of("runner.logger.logger_backends", backend, LOGGER_BACKENDS)
 
 
-def check_algorithm_ranges(cfg: Config) -> None:
+def check_algorithm(cfg: Config) -> None:
     a, s = cfg.algorithm, cfg.algorithm.sampling_params
-    if a.group_size < 2:
-        raise ConfigError(f"algorithm.group_size: {a.group_size} < 2; group advantages need 2+ responses")
-    if not 0 < a.ratio_clip_eps < 1 or a.clip_ratio_high <= 0:
-        raise ConfigError("algorithm.ratio_clip_eps must be in (0, 1) and algorithm.clip_ratio_high > 0")
-    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
-        raise ConfigError(f"algorithm.clip_ratio_c: {a.clip_ratio_c} must be > 1 (or null)")
-    if a.kl_beta < 0 or a.entropy_bonus < 0:
-        raise ConfigError("algorithm.kl_beta and algorithm.entropy_bonus must be >= 0")
-    if a.rollout_is.clip <= 0:
-        raise ConfigError("algorithm.rollout_is.clip must be > 0")
-    if a.val_n < 1:
-        raise ConfigError("algorithm.val_n must be >= 1")
     if not a.recompute_logprobs and (a.rollout_is.mode != "none" or a.kl_beta > 0):
         raise ConfigError(
             "algorithm.recompute_logprobs: false leaves no actor forward before training, which "
             f"algorithm.rollout_is.mode ({a.rollout_is.mode!r}) and algorithm.kl_beta ({a.kl_beta}) need: "
             "set rollout_is.mode: none and kl_beta: 0, or recompute_logprobs: true"
         )
-    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k == 0 or s.top_k < -1:
-        raise ConfigError("algorithm.sampling_params: temperature >= 0, 0 < top_p <= 1, top_k = -1 or >= 1")
-    if not 0 <= s.min_new_tokens <= s.max_new_tokens or s.max_new_tokens < 1:
-        raise ConfigError("algorithm.sampling_params: need 0 <= min_new_tokens <= max_new_tokens, max >= 1")
+    if s.min_new_tokens > s.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.sampling_params.min_new_tokens: {s.min_new_tokens} > max_new_tokens ({s.max_new_tokens})"
+        )
 
 
 def check_sequence_lengths(cfg: Config) -> None:
@@ -99,10 +88,6 @@ def check_sequence_lengths(cfg: Config) -> None:
 def check_batch_sizes(cfg: Config) -> None:
     responses = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     gbs, mbs, dp = cfg.actor.global_batch_size, cfg.actor.micro_batch_size, actor_data_parallel_size(cfg)
-    if min(gbs, mbs, cfg.data.rollout_batch_size) < 1:
-        raise ConfigError(
-            "actor.global_batch_size, actor.micro_batch_size and data.rollout_batch_size must be >= 1"
-        )
     if responses % gbs:
         raise ConfigError(
             f"actor.global_batch_size: {gbs} does not divide the {responses} responses per step "
@@ -128,10 +113,8 @@ def check_micro_batch_tokens(cfg: Config) -> None:
 
 
 def check_actor_data_parallel(cfg: Config) -> None:
-    """actor.num_workers >= 1, and the step's responses split evenly over the data-parallel ranks."""
+    """The step's responses split evenly over the data-parallel ranks."""
     workers, gpus = cfg.actor.num_workers, len(placement_of(cfg).gpus["actor"])
-    if workers < 1:
-        raise ConfigError(f"actor.num_workers: {workers} < 1")
     if cfg.actor.training_backend == "torch" and gpus and workers != gpus:
         raise ConfigError(
             f"actor.num_workers: {workers} torch actor worker(s) need one GPU each but {gpus} GPU(s) are "
@@ -190,7 +173,7 @@ def check_sglang_parallelism(cfg: Config) -> None:
         return
     tp, per_node = cfg.rollout.tensor_parallel_size, cfg.cluster.num_gpus_per_node or 0
     what = "tensor x expert parallel" if cfg.rollout.sglang.enable_ep_moe and tp > 1 else "tensor parallel"
-    if tp < 1 or (per_node and (tp > per_node or per_node % tp)):
+    if per_node and (tp > per_node or per_node % tp):
         raise ConfigError(
             f"rollout.tensor_parallel_size: {tp} ({what}) does not fit the {per_node} GPU(s) of a node "
             "(cluster.num_gpus_per_node); one SGLang engine runs on the GPUs of one node"
@@ -203,20 +186,8 @@ def check_data(cfg: Config) -> None:
         raise ConfigError("data.train_data_paths: empty; data.type=math reads prompts from files")
     if cfg.runner.val_check_interval > 0 and d.type == "math" and not d.val_data_paths:
         raise ConfigError("data.val_data_paths: empty but runner.val_check_interval > 0")
-    if d.val_batch_size is not None and d.val_batch_size < 1:
-        raise ConfigError(f"data.val_batch_size: {d.val_batch_size} must be >= 1 (or null = all at once)")
     if not cfg.actor.model.model_path:
         raise ConfigError("actor.model.model_path: empty; give an HF checkpoint dir or tiny://bootstrap")
-
-
-def check_runner(cfg: Config) -> None:
-    r = cfg.runner
-    if r.max_steps == 0 or r.max_steps < -1 or r.max_epochs < 1:
-        raise ConfigError("runner.max_steps must be -1 or >= 1 and runner.max_epochs >= 1")
-    if min(r.val_check_interval, r.save_interval) < 0 or r.keep_checkpoints < 1:
-        raise ConfigError(
-            "runner.val_check_interval/save_interval must be >= 0, runner.keep_checkpoints >= 1"
-        )
 
 
 def _value_at(obj: object, dotted: str) -> object:
@@ -253,8 +224,9 @@ def check_megatron_settings(cfg: Config) -> None:
 
 
 RULES: tuple[Callable[[Config], None], ...] = (
+    check_ranges,  # first: the rules below may divide by a size or compare with a NaN
     check_names,
-    check_algorithm_ranges,
+    check_algorithm,
     check_sequence_lengths,
     check_placement,
     check_actor_data_parallel,
@@ -263,7 +235,6 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_sglang_parallelism,
     check_megatron_settings,
     check_data,
-    check_runner,
     check_honoured,
 )
 

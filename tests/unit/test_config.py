@@ -64,7 +64,7 @@ def test_moonlight_recipe_fields():
         ("actor.global_batch_size=48", "actor.global_batch_size: 48 does not divide the 128 responses"),
         ("actor.micro_batch_size=24", "not divisible by actor.micro_batch_size (24)"),
         ("actor.seq_length=100", "actor.seq_length: 100 < data.max_prompt_length"),
-        ("algorithm.group_size=1", "algorithm.group_size: 1 < 2"),
+        ("algorithm.group_size=1", "algorithm.group_size: 1 is out of range; it must be >= 2"),
         ("cluster.num_gpus_per_node=2", "the torch actor runs on one device but 2 GPUs are placed"),
         (
             "runner.logger.logger_backends=[wandb]",
