@@ -30,11 +30,13 @@ def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names()
         p["pipeline_model_parallel_size"] == 1 and p["context_parallel_size"] == 1 and p["sequence_parallel"]
     )
     assert p["seq_length"] == 9216 and p["bf16"] and p["params_dtype"] == "bfloat16"
-    # RL: no aux loss, frozen routing bias, fp32 router, alltoall, no MTP, no apex fusion
+    # RL: no aux loss, frozen routing bias, fp32 router, alltoall, no MTP
     assert p["moe_aux_loss_coeff"] == 0.0 and p["moe_router_load_balancing_type"] == "none"
     assert p["moe_router_bias_update_rate"] == 0.0 and p["moe_router_dtype"] == "fp32"
     assert p["moe_token_dispatcher_type"] == "alltoall" and p["mtp_num_layers"] is None
-    assert p["gradient_accumulation_fusion"] is False
+    # the fusions of the TE path
+    assert p["gradient_accumulation_fusion"] is True and p["moe_permute_fusion"] is True
+    assert p["apply_rope_fusion"] is True and "transformer_impl" not in p
     assert p["recompute_granularity"] == "selective" and p["recompute_modules"] == ["core_attn", "moe_act"]
     assert p["moe_grouped_gemm"] is True  # with Transformer Engine
     o = s.optimizer
@@ -53,6 +55,7 @@ def test_without_transformer_engine_fusions_are_off_and_compact_adamw_keeps_the_
     p = s.provider
     assert p["transformer_impl"] == "local" and p["cross_entropy_fusion_impl"] != "te"
     assert not p["moe_grouped_gemm"] and not p["moe_permute_fusion"] and not p["persist_layer_norm"]
+    assert not p["gradient_accumulation_fusion"] and not p["apply_rope_fusion"]
     o = s.optimizer
     # megatron-core's own fp32 path (its config refuses low-precision moments without TE) ...
     assert not o["use_precision_aware_optimizer"]

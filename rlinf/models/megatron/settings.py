@@ -13,10 +13,13 @@ What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.
   `actor.model.moe_grouped_gemm` then selects rlinf's grouped-GEMM experts in the TE-free spec
   (`MegatronSettings.grouped_experts`, rlinf.models.megatron.grouped_experts).
 - No MTP layers (RL neither runs nor trains them).
-- `gradient_accumulation_fusion` off: megatron's output layer then needs apex's
-  fused_weight_gradient_mlp_cuda, which the GPU stack does not ship.
-- Without TE: cross-entropy, permute and layer-norm fusions off (they are TE kernels), and
-  `transformer_impl = "local"`.
+- With TE (docs/megatron.md, "Transformer Engine"): grouped-GEMM experts, fused token permute /
+  unpermute, and gradient-accumulation fusion in the TE layers (megatron's own output layer would
+  need apex for it: rlinf.models.megatron.bridge.te_wgrad_fusion_without_apex builds it unfused),
+  and megatron-core's fused MLA RoPE (its triton kernels for YaRN RoPE: the bridge gives Moonlight's
+  plain RoPE as YaRN with scaling factor 1, the same rotation).
+- Without TE: gradient-accumulation, cross-entropy, permute and layer-norm fusions off (they are TE
+  or apex kernels), and `transformer_impl = "local"`.
 """
 
 from __future__ import annotations
@@ -202,8 +205,10 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         "moe_router_load_balancing_type": "none",
         "moe_router_bias_update_rate": m.moe_router_bias_update_rate,
         "moe_grouped_gemm": te_available,
+        "moe_permute_fusion": te_available,
         "mtp_num_layers": None,
-        "gradient_accumulation_fusion": False,
+        "gradient_accumulation_fusion": te_available,
+        "apply_rope_fusion": te_available,
         "recompute_granularity": m.recompute_granularity,
         "recompute_modules": recompute_modules(
             m.recompute_modules, m.recompute_granularity, te_available, warnings
@@ -220,7 +225,6 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
                 "transformer_impl": "local",
                 "cross_entropy_fusion_impl": "native",
                 "cross_entropy_loss_fusion": False,
-                "moe_permute_fusion": False,
                 "persist_layer_norm": False,
                 "moe_shared_expert_overlap": False,
                 "masked_softmax_fusion": False,

@@ -15,6 +15,10 @@ TE-free code paths; `install()` does that. Modules first imported later (megatro
 hybrid specs that megatron-bridge pulls in) see the placeholder, whose version is 0.0.0, so
 version-gated TE features stay off; they only build spec tables at import time. Nothing is
 installed when the real TE is importable.
+
+`RLINF_MEGATRON_TE=off` makes a machine that has TE behave as one without it (the TE-free spec, for
+comparisons in one environment): while the megatron-core modules above are imported, the real TE
+cannot be, then the placeholder takes its name. It must be set before megatron is imported.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 
 PACKAGE = "transformer_engine"
 MARKER = "__rlinf_te_placeholder__"
 PLACEHOLDER_VERSION = "0.0.0"
+SWITCH_ENV = "RLINF_MEGATRON_TE"  # "auto" (default: TE when importable) or "off"
 
 # megatron-core modules on the actor's path: imported before the placeholder so they see no TE.
 MEGATRON_CORE_MODULES = (
@@ -98,8 +104,33 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+class _Blocker(importlib.abc.MetaPathFinder):
+    """Makes `import transformer_engine` fail, as on a machine without TE."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == PACKAGE or fullname.startswith(PACKAGE + "."):
+            raise ModuleNotFoundError(f"No module named {fullname!r} ({SWITCH_ENV}=off)", name=fullname)
+        return None
+
+
+def te_switched_off() -> bool:
+    """True when RLINF_MEGATRON_TE=off asks for the TE-free path although TE may be installed."""
+    value = os.environ.get(SWITCH_ENV, "auto").strip().lower()
+    if value not in ("auto", "off"):
+        raise ValueError(f"{SWITCH_ENV}={value!r}: expected auto or off")
+    return value == "off"
+
+
+def _real_te_imported() -> bool:
+    module = sys.modules.get(PACKAGE)
+    return module is not None and not getattr(module, MARKER, False)
+
+
 def real_te_available() -> bool:
-    """True when the genuine Transformer Engine torch extension can be imported."""
+    """True when the genuine Transformer Engine torch extension can be imported (and is not
+    switched off with RLINF_MEGATRON_TE=off)."""
+    if te_switched_off():
+        return False
     module = sys.modules.get(PACKAGE)
     if module is not None:
         return not getattr(module, MARKER, False)
@@ -119,8 +150,17 @@ def install() -> bool:
         return False
     if is_installed():
         return True
-    for name in MEGATRON_CORE_MODULES:
-        importlib.import_module(name)
+    if _real_te_imported():
+        raise RuntimeError(
+            f"{SWITCH_ENV}=off: Transformer Engine was imported already; set it before megatron is imported"
+        )
+    blocker = _Blocker()
+    sys.meta_path.insert(0, blocker)
+    try:
+        for name in MEGATRON_CORE_MODULES:
+            importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(blocker)
     sys.meta_path.insert(0, _Finder())
     importlib.import_module(PACKAGE)
     return True
