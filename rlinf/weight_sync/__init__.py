@@ -3,7 +3,8 @@
 - object store (embedded backends): the actor's CPU buckets travel through Ray's object store;
   the rollout fetches them from the actor's node, never through the driver.
 - CUDA IPC (colocated SGLang): bucket by bucket, every actor rank packs the bucket into one GPU
-  buffer and sends its IPC handle; the engines load it (`update_weights_from_tensor`,
+  buffer and sends its IPC handle, which goes to the engine TP rank on the same GPU (paired by GPU
+  UUID); the engines load it (`update_weights_from_tensor`,
   flattened_bucket), and only then do the actor ranks drop it and pack the next. Released engine
   weights are resumed first; the KV cache comes back only after the actor has offloaded (the
   runner's order, rlinf/runners/colocation.py).
@@ -26,6 +27,7 @@ from rlinf.weight_sync.plan import (
     WEIGHT_GROUP_NAME,
     BucketMeta,
     choose_strategy,
+    ipc_pairing,
     nccl_group_plan,
 )
 
@@ -33,6 +35,7 @@ MIB = 1024 * 1024
 # Per rollout group: the chosen strategy (asked once) and whether its NCCL group exists.
 _chosen: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _nccl_ready: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_pairing: weakref.WeakKeyDictionary[Any, list[list[int]]] = weakref.WeakKeyDictionary()  # CUDA IPC
 
 
 def sync_weights(roles, bucket_mb: int) -> str:
@@ -58,15 +61,32 @@ def sync_object_store(roles, bucket_bytes: int) -> None:
 
 def sync_cuda_ipc(roles, bucket_bytes: int) -> None:
     actor, rollout = roles.actor, roles.rollout
+    pairing = ipc_pairing_for(roles)
     rollout.call("wake", ["weights"])  # a released engine gets empty weight memory back, filled below
     actor.call("weight_export", "begin", bucket_bytes)
     try:
         while next_bucket(actor) is not None:
-            handles = actor.call("weight_export", "ipc_handle")  # one per actor rank
-            rollout.call("update_weights_ipc", handles)  # returns once the engines have loaded it
+            handles = actor.call("weight_export", "ipc_handle")  # one per actor rank, on its GPU
+            # returns once every engine has loaded the bucket
+            rollout.get(
+                [
+                    engine.execute.remote("update_weights_ipc", [handles[rank] for rank in ranks])
+                    for engine, ranks in zip(rollout.handles, pairing, strict=True)
+                ]
+            )
         rollout.call("flush_cache")
     finally:
         actor.call("weight_export", "end")
+
+
+def ipc_pairing_for(roles) -> list[list[int]]:
+    """Per engine, per TP rank: the actor rank on the same GPU (asked once per rollout group)."""
+    rollout = roles.rollout
+    if rollout not in _pairing:
+        actor_gpus = roles.actor.call("weight_export", "gpu_uuid")
+        engine_gpus = [info["gpu_uuids"] for info in rollout.call("weight_sync_info")]
+        _pairing[rollout] = ipc_pairing(actor_gpus, engine_gpus)
+    return _pairing[rollout]
 
 
 def sync_nccl(roles, bucket_bytes: int) -> None:

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import torch
 
-from rlinf.weight_sync.plan import BucketMeta, pack_buckets, unflatten_bucket
+from rlinf.weight_sync.plan import BucketMeta, gpu_uuid, pack_buckets, unflatten_bucket
 
 # A fresh pass over the HF-named weights (a Megatron export's are gathered GPU copies, made one by one).
 TensorSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
@@ -67,6 +67,12 @@ class WeightExporter:
         return self._bucket
 
     # -- CUDA IPC (colocated SGLang) ----------------------------------------------------------
+    @staticmethod
+    def gpu_uuid() -> str:
+        """The UUID of this rank's GPU: the driver pairs each engine TP rank with the actor rank on
+        its GPU."""
+        return gpu_uuid(torch.cuda.current_device())
+
     def ipc_handle(self) -> bytes:
         """The current bucket as SGLang's flattened_bucket payload: the bytes carry a CUDA IPC
         handle of this rank's buffer (GPU named by UUID), not the data."""
@@ -128,4 +134,6 @@ def dispatch(exporter: WeightExporter, verb: str, *args):
     return getattr(exporter, verb)(*args)
 
 
-VERBS = ("begin", "next_bucket", "end", "ipc_handle", "address", "join_group", "broadcast", "leave_group")
+VERBS = (
+    "begin", "next_bucket", "end", "gpu_uuid", "ipc_handle", "address", "join_group", "broadcast", "leave_group",
+)  # fmt: skip

@@ -132,20 +132,34 @@ def nccl_group_plan(num_engines: int, tp_size: int) -> NcclGroupPlan:
     )
 
 
-def handles_for_engine(handles: Sequence[bytes | None], engine_rank: int, tp_size: int) -> list[bytes]:
-    """The IPC payload of one engine: one serialized bucket per TP rank.
+def gpu_uuid(device: int) -> str:
+    """A visible GPU's UUID as nvidia-smi prints it (GPU-...). Reads the device properties, which
+    creates no CUDA context."""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
 
-    One producer (the torch actor): every TP rank opens the same handle. One producer per GPU (a
-    sharded actor colocated GPU for GPU): TP rank j of engine k takes producer k * tp_size + j's,
-    i.e. the copy on its own GPU. Producers with nothing to send return None.
-    """
-    given = [h for h in handles if h is not None]
-    if len(given) == 1:
-        return given * tp_size
-    start = engine_rank * tp_size
-    if len(given) < start + tp_size:
-        raise ValueError(
-            f"engine {engine_rank} of TP {tp_size} needs IPC handles {start}..{start + tp_size - 1}, "
-            f"but the actor produced {len(given)}"
-        )
-    return given[start : start + tp_size]
+
+def _same_gpu(uuid: str) -> str:
+    return uuid.lower().removeprefix("gpu-")
+
+
+def ipc_pairing(actor_gpus: Sequence[str], engine_gpus: Sequence[Sequence[str]]) -> list[list[int]]:
+    """For each engine, per TP rank, the actor rank whose IPC handle it opens: the one on its own GPU
+    (a sharded actor has a copy of each bucket on every GPU), matched by GPU UUID, since nothing
+    makes the two groups' rank orders agree. A single actor rank serves every TP rank (another GPU's
+    handle opens as peer memory)."""
+    if len(actor_gpus) == 1:
+        return [[0] * len(gpus) for gpus in engine_gpus]
+    rank_on: dict[str, int] = {}
+    for rank, uuid in enumerate(actor_gpus):
+        rank_on.setdefault(_same_gpu(uuid), rank)
+    pairing = []
+    for engine, gpus in enumerate(engine_gpus):
+        for tp_rank, uuid in enumerate(gpus):
+            if _same_gpu(uuid) not in rank_on:
+                raise ValueError(
+                    f"CUDA IPC weight sync: engine {engine}'s TP rank {tp_rank} is on GPU {uuid}, where no "
+                    f"actor rank runs (the actor ranks' GPUs: {', '.join(actor_gpus)}); colocated weight "
+                    "sync needs an actor rank on every engine GPU"
+                )
+        pairing.append([rank_on[_same_gpu(uuid)] for uuid in gpus])
+    return pairing

@@ -35,6 +35,8 @@ class Roles:
         exporters = [WeightExporter(gathered_weights) for _ in range(ACTOR_RANKS)]
 
         def actor_answer(rank, method, args):
+            if args[0] == "gpu_uuid":
+                return f"GPU-{rank}"  # no CUDA here: rank r sits on the engine's TP rank r's GPU
             live.owner = rank  # what this call allocates is rank `rank`'s
             try:
                 return dispatch(exporters[rank], *args)
@@ -43,7 +45,11 @@ class Roles:
 
         def rollout_answer(rank, method, args):
             if method == "weight_sync_info":
-                return {"methods": (CUDA_IPC, NCCL, OBJECT_STORE), "tp_size": TP}
+                return {
+                    "methods": (CUDA_IPC, NCCL, OBJECT_STORE),
+                    "tp_size": TP,
+                    "gpu_uuids": [f"GPU-{j}" for j in range(TP)],
+                }
             if method == "update_weights_ipc":
                 self.payloads.append(list(args[0]))
             return None

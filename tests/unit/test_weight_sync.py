@@ -15,7 +15,6 @@ from rlinf.weight_sync.plan import (
     OBJECT_STORE,
     WEIGHT_GROUP_NAME,
     choose_strategy,
-    handles_for_engine,
     nccl_group_plan,
     pack_buckets,
     unflatten_bucket,
@@ -79,15 +78,6 @@ def test_exporter_streams_hf_named_buckets_of_the_model():
         dispatch(exporter, "train")
 
 
-def test_ipc_handles_per_engine():
-    assert handles_for_engine([b"h"], 1, 4) == [b"h"] * 4  # one producer: every TP rank opens it
-    many = [bytes([i]) for i in range(8)]
-    assert handles_for_engine(many, 1, 4) == many[4:]  # producer on the same GPU as the TP rank
-    assert handles_for_engine([b"h", None, None], 0, 2) == [b"h", b"h"]
-    with pytest.raises(ValueError, match="needs IPC handles 4..7"):
-        handles_for_engine(many[:6], 1, 4)
-
-
 def test_nccl_group_ranks():
     plan = nccl_group_plan(num_engines=2, tp_size=4)
     assert plan.world_size == 9 and plan.rank_offsets == (1, 5)
@@ -118,11 +108,15 @@ class FakeRoles:
                 packed = iter(layouts + [None])
             if args[0] == "next_bucket":
                 return next(packed)
-            return {"ipc_handle": "ipc", "address": ("10.0.0.1", 4242)}.get(args[0])
+            return {"ipc_handle": "ipc", "address": ("10.0.0.1", 4242), "gpu_uuid": "GPU-0"}.get(args[0])
 
         def rollout_answer(rank, method, args):
             if method == "weight_sync_info":
-                return {"methods": takes, "tp_size": tp}
+                return {
+                    "methods": takes,
+                    "tp_size": tp,
+                    "gpu_uuids": [f"GPU-{rank * tp + j}" for j in range(tp)],
+                }
             return None
 
         self.actor = FakeGroup("actor", 1, self.log, actor_answer)
@@ -137,6 +131,7 @@ def test_colocated_sglang_sync_order():
     roles = FakeRoles(colocated=True)
     assert ws.sync_weights(roles, bucket_mb=1) == CUDA_IPC
     assert roles.steps() == [
+        ("actor", 0, "weight_export", ("gpu_uuid",)),  # once: which engine TP rank shares its GPU
         ("rollout", 0, "wake", (["weights"],)),  # weights back (empty) before the push
         ("actor", 0, "weight_export", ("begin", 1024 * 1024)),
         ("actor", 0, "weight_export", ("next_bucket",)),

@@ -20,7 +20,7 @@ from rlinf.config.schema import Config
 from rlinf.config.validate import placement_of
 from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
-from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, handles_for_engine
+from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, gpu_uuid
 from rlinf.workers.common import eos_token_ids, pad_token_id
 from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
@@ -113,7 +113,9 @@ class SGLangRollout(RolloutWorker):
 
     # -- weights (driven by rlinf.weight_sync) ------------------------------------------------
     def weight_sync_info(self) -> dict:
-        return {"methods": (CUDA_IPC, NCCL, OBJECT_STORE), "tp_size": self.tp_size}
+        # TP rank j runs on visible GPU j (base_gpu_id 0 of the span this worker made visible).
+        gpus = [gpu_uuid(tp_rank) for tp_rank in range(self.tp_size)]
+        return {"methods": (CUDA_IPC, NCCL, OBJECT_STORE), "tp_size": self.tp_size, "gpu_uuids": gpus}
 
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         """Object-store path: CPU buckets (SGLang shares them with its TP ranks by shared memory)."""
@@ -123,9 +125,12 @@ class SGLangRollout(RolloutWorker):
         self.engine.flush_cache()
         self.engine.resume(ALL_MEMORY_TAGS)
 
-    def update_weights_ipc(self, handles: Sequence[bytes | None]) -> None:
-        """One bucket as CUDA IPC handles (one per actor rank); see rlinf.weight_sync.sync_cuda_ipc."""
-        self.engine.load_tensors(handles_for_engine(handles, self.rank, self.tp_size), flattened=True)
+    def update_weights_ipc(self, handles: Sequence[bytes]) -> None:
+        """One bucket as CUDA IPC handles, one per TP rank in TP order, each made on that rank's GPU
+        (rlinf.weight_sync.sync_cuda_ipc pairs them)."""
+        if len(handles) != self.tp_size:
+            raise ValueError(f"{self.where}: got {len(handles)} IPC handles for {self.tp_size} TP ranks")
+        self.engine.load_tensors(list(handles), flattened=True)
 
     def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, name: str) -> None:
         self.engine.join_weight_group(host, port, rank_offset, world_size, name)
