@@ -1,12 +1,10 @@
 """Random DeepSeek-V3 checkpoints for GPU tests and benchmarks, built where they are used.
 
-Two shapes:
-- the Moonlight slice: Moonlight-16B-A3B's published config (full width: hidden 2048, 16 heads,
-  kv_lora_rank 512, qk 128+64, v 128, 64 experts top-6 of 1408, 2 shared, first layer dense,
-  vocab 163840) cut to a few layers, bf16. About 2.5B parameters at 4 layers (5 GB): too big to
-  carry to a lent GPU, so the GPU tests build it there, on the GPU, in seconds.
-- `GPU_TINY_SETTINGS`: the tiny model (char tokenizer, learnable synthetic task) with MLA dims
-  that SGLang's triton MLA decode kernel compiles for (kv_lora_rank + qk_rope_head_dim = 288).
+The Moonlight slice: Moonlight-16B-A3B's published config (full width: hidden 2048, 16 heads,
+kv_lora_rank 512, qk 128+64, v 128, 64 experts top-6 of 1408, 2 shared, first layer dense, vocab
+163840) cut to a few layers, bf16. About 2.5B parameters at 4 layers (5 GB), so the GPU tests build
+it on the GPU, in seconds, instead of storing it. (The GPU-sized tiny model is
+rlinf.models.tiny.GPU_TINY_SETTINGS.)
 
 Every config.json written here carries the DeepSeek fields that SGLang reads and transformers'
 config class lacks (`moe_layer_freq`, `topk_method`, `scoring_func`, `ep_size`,
@@ -18,7 +16,6 @@ config class lacks (`moe_layer_freq`, `topk_method`, `scoring_func`, `ep_size`,
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -26,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from rlinf.models.tiny import TinyModelSettings
 
 # Moonlight-16B-A3B-Instruct's config.json (moonshotai, as published), the fields that shape or
 # route the network. Kept here rather than read from tests/ so the package builds it anywhere.
@@ -81,9 +76,6 @@ SGLANG_CONFIG_FIELDS: dict[str, Any] = {
     "ep_size": 1,
     "num_nextn_predict_layers": 0,
 }
-
-# The tiny model with MLA dims SGLang's triton kernel compiles (256 + 32 = 288); `tiny://bootstrap-gpu`.
-GPU_TINY_SETTINGS = dataclasses.replace(TinyModelSettings(), kv_lora_rank=256, qk_rope_head_dim=32)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}

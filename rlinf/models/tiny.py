@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # Bump when a change to this package changes what a build with the same settings produces.
 TINY_CODE_VERSION = 2
 TINY_URI = "tiny://bootstrap"
-# The same model with MLA dims SGLang's triton MLA kernel compiles for (rlinf.models.slice).
+# The same model with MLA dims SGLang's triton MLA kernel compiles for (GPU_TINY_SETTINGS).
 TINY_GPU_URI = "tiny://bootstrap-gpu"
 BUILD_REPORT = "tiny_build.json"
 
@@ -97,6 +97,9 @@ SMALL_SETTINGS = TinyModelSettings(
     qk_rope_head_dim=8,
     v_head_dim=8,
 )
+
+# The tiny model with MLA dims SGLang's triton kernel compiles (256 + 32 = 288); `tiny://bootstrap-gpu`.
+GPU_TINY_SETTINGS = TinyModelSettings(kv_lora_rank=256, qk_rope_head_dim=32)
 
 
 def deepseek_v3_config(settings: TinyModelSettings, *, vocab_size: int, **overrides: Any) -> DeepseekV3Config:
@@ -284,8 +287,6 @@ def resolve_model_path(path: str) -> str:
     if path == TINY_URI:
         return str(ensure_tiny_checkpoint())
     if path == TINY_GPU_URI:
-        from rlinf.models.slice import GPU_TINY_SETTINGS
-
         return str(ensure_tiny_checkpoint(GPU_TINY_SETTINGS))
     if path.startswith("tiny://"):
         raise ValueError(f"unknown tiny model {path!r}; choose {TINY_URI} or {TINY_GPU_URI}")

@@ -68,8 +68,7 @@ def moonlight_slice(cuda, gpu_dir) -> Path:
 @pytest.fixture(scope="session")
 def gpu_tiny(cuda, gpu_dir) -> Path:
     """The tiny model at SGLang-compatible MLA dims, random init, with its char tokenizer."""
-    from rlinf.models.slice import GPU_TINY_SETTINGS
-    from rlinf.models.tiny import build_tiny_checkpoint
+    from rlinf.models.tiny import GPU_TINY_SETTINGS, build_tiny_checkpoint
 
     out = gpu_dir / "gpu-tiny-random"
     if not (out / "tiny_build.json").is_file():
