@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from rlinf.data.metrics_merge import merge_metrics
+
 # Per-token fields, right-padded to the response width R.
 RESPONSE_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs")
 # Per-row optional fields: present on every part or on none.
@@ -109,10 +111,8 @@ class RolloutBatch:
         With `renumber_groups` (results of several engines, each numbering its groups from 0) the
         groups of part k get ids after those of parts < k, in first-appearance order, so ids never
         collide. Padding uses the pad id already found under the parts' masks (0 if none).
-        `extras` are per-step scalars of each part, merged by rlinf.scheduler.metrics_merge rules.
+        `extras` are per-step scalars of each part, merged by rlinf.data.metrics_merge rules.
         """
-        from rlinf.scheduler.metrics_merge import merge_metrics
-
         parts = [p for p in parts if len(p) > 0] or list(parts[:1])
         if not parts:
             raise ValueError("concat needs at least one batch")

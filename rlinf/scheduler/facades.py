@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlinf.data.batch import RolloutBatch
-from rlinf.scheduler.metrics_merge import merge_metrics
+from rlinf.data.metrics_merge import merge_metrics
 from rlinf.scheduler.worker_group import WorkerGroup
 
 SEED_STRIDE = 0x9E3779B97F4A7C15  # engine i samples with seed + i * stride: streams never coincide

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlinf.data.batch import RolloutBatch
-from rlinf.scheduler.metrics_merge import merge_metrics, merge_rule
+from rlinf.data.metrics_merge import merge_metrics, merge_rule
 
 PAD = 7
 
