@@ -1,7 +1,9 @@
 """Which backend honours which schema field, and which module reads it: the one declarative table.
 
 A recipe key is a promise. For every leaf field of the schema (dotted path) this table names the
-backend(s) that act on it and the module(s) whose code reads it:
+backend(s) that act on it and the module(s) whose code reads it. A "backend" is any choice the
+recipe makes that decides whether a key is acted on: the actor and rollout backends, the placement,
+and the data type (data.type=synthetic generates its prompts and reads no data file):
 
 - rlinf/config/validate.py `check_honoured` refuses a recipe that sets a field to a non-default value
   when none of the field's backends is the one the recipe chose (naming the key and the backend);
@@ -55,6 +57,8 @@ SGLANG_ROLLOUT = Backend(
     "rollout.rollout_backend=sglang", lambda cfg: cfg.rollout.rollout_backend == "sglang"
 )
 COLOCATED_ON_GPU = Backend("actor and rollout colocated on the same GPUs", _colocated_on_gpu)
+MATH_DATA = Backend("data.type=math", lambda cfg: cfg.data.type == "math")
+SYNTHETIC_DATA = Backend("data.type=synthetic", lambda cfg: cfg.data.type == "synthetic")
 
 VALIDATE = "rlinf.config.validate"
 LOADER = "rlinf.config.loader"
@@ -142,23 +146,23 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "algorithm.sampling_params.max_new_tokens": (ANY.reads(SAMPLING),),
     "algorithm.sampling_params.min_new_tokens": (ANY.reads(SAMPLING),),
     "algorithm.val_n": (ANY.reads(RUNNER),),
-    # data: built on the driver
+    # data: built on the driver; files for data.type=math, generated prompts for synthetic
     "data.type": (ANY.reads(DATA_SETUP),),
-    "data.train_data_paths": (ANY.reads(DATA_SETUP),),
-    "data.val_data_paths": (ANY.reads(DATA_SETUP),),
-    "data.prompt_key": (ANY.reads(DATA_SETUP),),
-    "data.answer_key": (ANY.reads(DATA_SETUP),),
+    "data.train_data_paths": (MATH_DATA.reads(DATA_SETUP),),
+    "data.val_data_paths": (MATH_DATA.reads(DATA_SETUP),),
+    "data.prompt_key": (MATH_DATA.reads(DATA_SETUP),),
+    "data.answer_key": (MATH_DATA.reads(DATA_SETUP),),
     "data.apply_chat_template": (ANY.reads(DATA_SETUP),),
     "data.max_prompt_length": (ANY.reads(DATA_SETUP),),
     "data.rollout_batch_size": (ANY.reads(RUNNER),),
     "data.val_batch_size": (ANY.reads(RUNNER),),
     "data.shuffle": (ANY.reads(RUNNER),),
-    "data.skip_invalid": (ANY.reads(DATA_SETUP),),
-    "data.synthetic.digits": (ANY.reads(DATA_SETUP),),
-    "data.synthetic.operations": (ANY.reads(DATA_SETUP),),
-    "data.synthetic.steps": (ANY.reads(DATA_SETUP),),
-    "data.synthetic.num_train": (ANY.reads(DATA_SETUP),),
-    "data.synthetic.num_val": (ANY.reads(DATA_SETUP),),
+    "data.skip_invalid": (MATH_DATA.reads(DATA_SETUP),),
+    "data.synthetic.digits": (SYNTHETIC_DATA.reads(DATA_SETUP),),
+    "data.synthetic.operations": (SYNTHETIC_DATA.reads(DATA_SETUP),),
+    "data.synthetic.steps": (SYNTHETIC_DATA.reads(DATA_SETUP),),
+    "data.synthetic.num_train": (SYNTHETIC_DATA.reads(DATA_SETUP),),
+    "data.synthetic.num_val": (SYNTHETIC_DATA.reads(DATA_SETUP),),
     # actor
     "actor.training_backend": (ANY.reads("rlinf.scheduler.roles"),),
     "actor.micro_batch_size": (ANY.reads(POLICY_UPDATE),),
@@ -239,4 +243,7 @@ def honoured_by(key: str) -> str:
 
 
 def chosen_backends(cfg: Config) -> str:
-    return f"actor.training_backend={cfg.actor.training_backend}, rollout.rollout_backend={cfg.rollout.rollout_backend}"
+    return (
+        f"actor.training_backend={cfg.actor.training_backend}, "
+        f"rollout.rollout_backend={cfg.rollout.rollout_backend}, data.type={cfg.data.type}"
+    )

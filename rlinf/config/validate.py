@@ -204,9 +204,9 @@ def check_honoured(cfg: Config) -> None:
         if value == _value_at(default, key) or any(r.backend.active(cfg) for r in readers):
             continue
         raise ConfigError(
-            f"{key}: set to {value!r}, but this recipe's backends ignore it ({chosen_backends(cfg)}, "
+            f"{key}: set to {value!r}, but this recipe ignores it ({chosen_backends(cfg)}, "
             f"{total_gpus(cfg)} GPU(s)); it is honoured only by: {honoured_by(key)}. "
-            "Remove the key or choose a backend that honours it"
+            f"Remove the key, or choose {honoured_by(key)}"
         )
 
 
