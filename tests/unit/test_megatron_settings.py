@@ -122,11 +122,33 @@ def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(t
 
     loop = {"optimizer_steps": 3} | ({} if written is None else {"grouped_experts": written})
     actor = types.SimpleNamespace(
-        megatron_settings=types.SimpleNamespace(grouped_experts=now), _adam_moments=lambda: ["fp32", "fp32"]
+        megatron_settings=types.SimpleNamespace(grouped_experts=now),
+        _adam_moments=lambda: ["fp32", "fp32"],
+        te_available=False,
     )
     with pytest.raises(CheckpointError, match="moe_grouped_gemm"):
         MegatronActor._check_same_layout(actor, tmp_path, loop)
     actor.megatron_settings.grouped_experts = bool(written)
+    MegatronActor._check_same_layout(actor, tmp_path, loop)
+
+
+@pytest.mark.parametrize(
+    ("written", "te_now"), [(None, True), ("transformer_engine", False), ("te_free", True)]
+)
+def test_an_actor_checkpoint_resumes_only_with_the_layer_spec_it_was_written_with(tmp_path, written, te_now):
+    """`written` None: a checkpoint from before the key existed (only the TE-free spec ran then)."""
+    from rlinf.utils.checkpoint import CheckpointError
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    loop = {"optimizer_steps": 3} | ({} if written is None else {"spec": written})
+    actor = types.SimpleNamespace(
+        megatron_settings=types.SimpleNamespace(grouped_experts=False),
+        _adam_moments=lambda: ["fp32", "fp32"],
+        te_available=te_now,
+    )
+    with pytest.raises(CheckpointError, match=f"written with the {written or 'te_free'} layer spec"):
+        MegatronActor._check_same_layout(actor, tmp_path, loop)
+    actor.te_available = written == "transformer_engine"
     MegatronActor._check_same_layout(actor, tmp_path, loop)
 
 
@@ -141,7 +163,9 @@ def test_an_actor_checkpoint_resumes_only_with_the_adam_moment_dtypes_it_was_wri
 
     loop = {"optimizer_steps": 3} | ({} if written is None else {"adam_moments": written})
     actor = types.SimpleNamespace(
-        megatron_settings=types.SimpleNamespace(grouped_experts=False), _adam_moments=lambda: now
+        megatron_settings=types.SimpleNamespace(grouped_experts=False),
+        _adam_moments=lambda: now,
+        te_available=False,
     )
     moments = "/".join(written or ["fp32", "fp32"])
     with pytest.raises(CheckpointError, match=f"Adam moments in {moments} .* keeps them in {'/'.join(now)}"):

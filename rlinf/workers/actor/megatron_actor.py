@@ -426,9 +426,11 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             return {"actor/offload_freed_gib": 0.0}
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
+        from rlinf.models.megatron.optimizer_offload import offload_optimizer_state
+
         for buffer in self._buffers():
             buffer.offload_to_cpu(move_params=True, move_grads=True)
-        self.optimizer.offload_to_cpu()
+        offload_optimizer_state(self.optimizer)  # not megatron's: see optimizer_offload.py
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.offloaded = True
@@ -439,9 +441,11 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     def onload(self) -> None:
         if not self.offloaded:
             return
+        from rlinf.models.megatron.optimizer_offload import restore_optimizer_state
+
         for buffer in self._buffers():
             buffer.reload_from_cpu(move_params=True, move_grads=True)
-        self.optimizer.restore_from_cpu()
+        restore_optimizer_state(self.optimizer)
         torch.cuda.synchronize()
         self.offloaded = False
 
@@ -499,7 +503,17 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
           a change of `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights,
           silently.
         - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
-          with an empty message)."""
+          with an empty message).
+        - The layer spec: TE's and the TE-free one name and shape parameters differently."""
+        from rlinf.models.megatron.bridge import TE_FREE_SPEC, spec_name
+
+        written_spec = loop.get("spec", TE_FREE_SPEC)  # older checkpoints: only the TE-free spec ran
+        if written_spec != spec_name(self.te_available):
+            raise CheckpointError(
+                f"{path}: written with the {written_spec} layer spec, this run builds the "
+                f"{spec_name(self.te_available)} one; resume where the same spec runs (with Transformer Engine "
+                "installed, RLINF_MEGATRON_TE=off selects the TE-free spec)"
+            )
         written = loop.get("grouped_experts", False)
         if written != self.megatron_settings.grouped_experts:
             raise CheckpointError(
@@ -518,6 +532,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
+
+        from rlinf.models.megatron.bridge import spec_name
 
         path = Path(directory)
         ckpt = path / DIST_CKPT_DIR
@@ -538,6 +554,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             loop = {
                 "optimizer_steps": self.optimizer_steps,
                 "skips": (self.skips.consecutive, self.skips.total),
+                "spec": spec_name(self.te_available),
                 "grouped_experts": self.megatron_settings.grouped_experts,
                 "adam_moments": self._adam_moments(),
                 "adam_steps": adam_step_count(self.optimizer),
