@@ -32,7 +32,7 @@ if importlib.util.find_spec("megatron.bridge") is None:
 from actor_on_cpu import build_actor, inner_optimizers, masters, moments_of, tokens, train_step  # noqa: E402
 
 from rlinf.models.megatron.adam_state import adam_step_count  # noqa: E402
-from rlinf.workers.actor.compact_adamw import CompactAdamW  # noqa: E402
+from rlinf.models.megatron.compact_adamw import CompactAdamW  # noqa: E402
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

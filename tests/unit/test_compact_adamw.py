@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from rlinf.workers.actor.compact_adamw import CompactAdamW, round_to_bf16_stochastically
+from rlinf.models.megatron.compact_adamw import CompactAdamW, round_to_bf16_stochastically
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}
 

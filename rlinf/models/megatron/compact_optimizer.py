@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlinf.models.megatron.adam_state import optimizer_parts
-from rlinf.workers.actor.compact_adamw import CompactAdamW
+from rlinf.models.megatron.compact_adamw import CompactAdamW
 
 
 def _init_compact_states(optimizer: CompactAdamW, config: Any = None) -> None:
