@@ -3,7 +3,8 @@
 #   bash requirements/install.sh embedded [--dev] [--venv DIR]   CPU / single-device stack (tiny model, tests, CI)
 #   bash requirements/install.sh agentic [options]               GPU stack: SGLang rollout + Megatron actor
 #   bash requirements/install.sh agentic -h                      the agentic options
-# docs/install.md explains both; requirements/agentic/README.md how the pinned sets are made.
+#   bash requirements/install.sh megatron-cpu --venv DIR         Python 3.12 stack for tests/megatron_cpu (CI)
+# docs/install.md explains them; requirements/agentic/README.md how the pinned sets are made.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TARGET="${1:-}"
@@ -12,6 +13,7 @@ shift || true
 usage() {
   echo "usage: bash requirements/install.sh embedded [--dev] [--venv DIR]"
   echo "       bash requirements/install.sh agentic [options]   (-h lists them)"
+  echo "       bash requirements/install.sh megatron-cpu --venv DIR [--python PATH] [--dry-run]"
 }
 
 case "${TARGET}" in
@@ -41,11 +43,14 @@ case "${TARGET}" in
   agentic)
     exec bash "${REPO_ROOT}/requirements/agentic/install_agentic.sh" "$@"
     ;;
+  megatron-cpu)
+    exec bash "${REPO_ROOT}/requirements/install_megatron_cpu.sh" "$@"
+    ;;
   -h | --help)
     usage
     ;;
   *)
-    echo "install.sh: unknown target '${TARGET}' (embedded or agentic)" >&2
+    echo "install.sh: unknown target '${TARGET}' (embedded, agentic or megatron-cpu)" >&2
     usage >&2
     exit 2
     ;;

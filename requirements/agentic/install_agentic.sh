@@ -7,6 +7,8 @@ set -euo pipefail
 AGENTIC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${AGENTIC_DIR}/../.." && pwd)"
 ME="install.sh agentic"
+# shellcheck source=requirements/python312.sh
+source "${REPO_ROOT}/requirements/python312.sh"
 
 usage() {
   cat <<EOF
@@ -205,15 +207,6 @@ step_platform() {
   command -v nvidia-smi > /dev/null || echo "warning: no nvidia-smi here; installing anyway (torch 2.11.0's wheels need an NVIDIA driver for CUDA 13.0 at run time)"
 }
 
-find_python312() {
-  local c
-  for c in "${PYTHON_BIN}" "$(command -v python3.12 || true)" "${HOME}"/.pyenv/versions/3.12*/bin/python; do
-    [[ -n "${c}" && -x "${c}" ]] || continue
-    [[ "$("${c}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" == "3.12" ]] && { echo "${c}"; return 0; }
-  done
-  return 1
-}
-
 step_venv() {
   if [[ -x "${PY}" ]]; then
     local v
@@ -223,7 +216,7 @@ step_venv() {
     return 0
   fi
   local base
-  base="$(find_python312)" || {
+  base="$(find_python312 "${PYTHON_BIN}")" || {
     echo "no Python 3.12 found (sglang 0.5.12's and megatron-core 0.19's wheels need it): install it" \
       "(apt install python3.12-venv, or pyenv install 3.12) or pass --python /path/to/python3.12" >&2
     return 1
