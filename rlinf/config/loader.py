@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -37,10 +38,30 @@ def _hydra_overrides(overrides: Sequence[str]) -> list[str]:
     return [o if o.startswith(("+", "~")) else f"++{o}" for o in overrides]
 
 
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def _given_on_command_line(key: str, overrides: Sequence[str]) -> str | None:
+    """The override that set `key` (or a key above or below it), if one did."""
+    for override in overrides:
+        given = _override_key(override)
+        if given == key or given.startswith((f"{key}.", f"{key}[")) or key.startswith(f"{given}."):
+            return override
+    return None
+
+
+def _where(message: str, overrides: Sequence[str], path: Path) -> str:
+    """Where a bad key came from: the command line (naming the override) or the recipe file."""
+    match = re.match(r"unknown key '([^']+)'|([\w.]+)(?:\[\d+\])?: ", message)
+    override = _given_on_command_line(match.group(1) or match.group(2), overrides) if match else None
+    return f"command line ({override})" if override else str(path)
+
+
 def compose_recipe(recipe: str, overrides: Sequence[str] = ()) -> dict:
     """Hydra-compose a recipe plus overrides into a plain dict (no validation)."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -50,7 +71,11 @@ def compose_recipe(recipe: str, overrides: Sequence[str] = ()) -> dict:
             composed = compose(config_name=path.stem, overrides=_hydra_overrides(overrides))
         data = OmegaConf.to_container(composed, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{path}: {err}") from None
+        message = " ".join(str(err).split())  # one line (Hydra adds a "See <docs>" line)
+        named = [o for o in overrides if f"'{_override_key(o)}'" in message]
+        if isinstance(err, OverrideParseException) or named:
+            raise ConfigError(f"command line ({' '.join(named or overrides)}): {message}") from None
+        raise ConfigError(f"{path}: {message}") from None
     except Exception as err:  # YAML syntax errors surface as yaml.YAMLError
         if type(err).__module__.startswith("yaml"):
             raise ConfigError(f"{path}: malformed YAML: {err}") from None
@@ -95,7 +120,7 @@ def load_config(recipe: str = DEFAULT_RECIPE, overrides: Sequence[str] = ()) -> 
     try:
         cfg = from_dict(Config, data)
     except ConfigError as err:
-        raise ConfigError(f"{recipe_path(recipe)}: {err}") from None
+        raise ConfigError(f"{_where(str(err), overrides, recipe_path(recipe))}: {err}") from None
     return validate(_fill_defaults(cfg))
 
 

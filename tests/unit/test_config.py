@@ -111,6 +111,31 @@ def test_unknown_key_in_yaml_file(tmp_path):
         load_config(str(path))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["algorithm.grup_size=3"],
+            "command line (algorithm.grup_size=3): unknown key 'algorithm.grup_size'",
+        ),
+        (["algorithm.foo.bar=1"], "command line (algorithm.foo.bar=1): unknown key 'algorithm.foo'"),
+        (
+            ["runner.seed=1", "algorithm.group_size=abc"],
+            "command line (algorithm.group_size=abc): algorithm.group_size: expected int, got str",
+        ),
+        (["runner.logger.logger_backends=[1]"], "command line (runner.logger.logger_backends=[1]): "),
+        (["algorithm.group_size=[1"], "command line (algorithm.group_size=[1): no viable alternative"),
+        (["~algorithm.nokey"], "command line (~algorithm.nokey): Could not delete"),
+    ],
+)
+def test_a_bad_command_line_key_is_reported_as_one(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny-moe-grpo-cpu", overrides)
+    message = str(err.value)
+    assert message.startswith(expected), message
+    assert ".yaml" not in message and "\n" not in message, message
+
+
 def test_unknown_recipe_lists_known_ones():
     with pytest.raises(ConfigError, match="tiny-moe-grpo-cpu"):
         load_config("no-such-recipe")
