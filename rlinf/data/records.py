@@ -92,6 +92,10 @@ def load_math_records(
 
 
 def _read_raw_records(path: Path) -> Iterator[tuple[str, Any]]:
+    if path.is_dir():
+        raise DatasetError(
+            f"{path}: is a directory, not a data file (list the .jsonl, .json or .parquet files in it)"
+        )
     if not path.is_file():
         raise DatasetError(f"data file not found: {path}")
     suffix = path.suffix.lower()
@@ -105,21 +109,49 @@ def _read_raw_records(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    # utf-8-sig: editors on Windows put a byte-order mark before the first line.
-    with path.open(encoding="utf-8-sig") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    # Decoded line by line, so one line that is not UTF-8 is a bad record like any other.
+    with _open_binary(path) as lines:
+        for line_number, raw_line in enumerate(lines, start=1):
+            source = f"{path}:{line_number}"
+            try:
+                # utf-8-sig: editors on Windows put a byte-order mark before the first line.
+                line = raw_line.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                yield source, _Unparseable(_not_utf8(err))
+                continue
             if not line.strip():
                 continue
-            source = f"{path}:{line_number}"
             try:
                 yield source, json.loads(line)
             except json.JSONDecodeError as err:
                 yield source, _Unparseable(f"invalid JSON: {err.msg} (column {err.colno})")
 
 
-def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
+def _open_binary(path: Path):
     try:
-        content = json.loads(path.read_text(encoding="utf-8-sig"))
+        return path.open("rb")
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err.strerror or err}") from None
+
+
+def _not_utf8(err: UnicodeDecodeError, offset: int = 0) -> str:
+    """Names the first byte that is not UTF-8 and its (1-based) byte column."""
+    byte = err.object[err.start]
+    return f"not UTF-8 text: byte 0x{byte:02x} at column {err.start - offset + 1}; save the file as UTF-8"
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
+    with _open_binary(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line_start = data.rfind(b"\n", 0, err.start) + 1
+        line = data.count(b"\n", 0, err.start) + 1
+        # One JSON document: no record can be skipped around the bad byte.
+        raise DatasetError(f"{path}:{line}: {_not_utf8(err, offset=line_start)}") from None
+    try:
+        content = json.loads(text)
     except json.JSONDecodeError as err:
         raise DatasetError(
             f"{path}: invalid JSON: {err.msg} (line {err.lineno}, column {err.colno})"
