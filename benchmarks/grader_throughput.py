@@ -14,8 +14,8 @@ import math
 import random
 import time
 
-from rlinf.rewards.math import grade
-from rlinf.rewards.math_reward import MathReward
+from rlinf.rewards.grader_pool import MathReward
+from rlinf.rewards.math_grader import grade
 
 FILLER = "Let us work through the problem step by step. " * 6
 

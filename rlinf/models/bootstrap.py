@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from rlinf.data.synthetic import ArithmeticProblem
-from rlinf.rewards.math import extract_last_boxed, grade
+from rlinf.rewards.math_grader import extract_last_boxed, grade
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf.rewards.math_reward import MathReward
+from rlinf.rewards.grader_pool import MathReward
 
 REWARDS = {"math": MathReward}
 

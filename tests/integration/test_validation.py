@@ -10,7 +10,7 @@ import torch
 from rlinf.config import load_config
 from rlinf.data.synthetic import generate_arithmetic, write_jsonl
 from rlinf.models.tiny import TinyModelSettings, ensure_tiny_checkpoint
-from rlinf.rewards.math import grade
+from rlinf.rewards.math_grader import grade
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Tests of rlinf.rewards.math.grade on MATH-style answers (CPU only)."""
+"""Tests of rlinf.rewards.math_grader.grade on MATH-style answers (CPU only)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from rlinf.rewards.math import extract_last_boxed, grade
+from rlinf.rewards.math_grader import extract_last_boxed, grade
 from rlinf.rewards.normalize import normalize_answer
 
 
@@ -256,7 +256,7 @@ def test_pathological_answers_that_match_are_right_in_bounded_time(response, gol
 
 
 def test_only_the_region_from_the_last_box_is_sent_to_graders():
-    from rlinf.rewards.math import answer_region
+    from rlinf.rewards.math_grader import answer_region
 
     response = "\\boxed{3} then " + "z" * 10_000 + " \\boxedx \\boxed{4} done"
     assert answer_region(response) == "\\boxed{4} done"

@@ -26,7 +26,7 @@ from rlinf.models.tiny import (
     resolve_model_path,
 )
 from rlinf.models.tiny_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
-from rlinf.rewards.math import extract_last_boxed
+from rlinf.rewards.math_grader import extract_last_boxed
 
 torch.set_num_threads(1)  # tiny models: a second thread only adds OpenMP waits on a busy machine
 

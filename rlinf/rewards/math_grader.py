@@ -9,7 +9,7 @@ Grading is layered from cheap to expensive, and errs on the side of "wrong":
 
 math-verify's own timeouts use SIGALRM, which only works on the main thread of the main
 interpreter, so they are disabled here; time is bounded by the guards above, and hard
-per-item limits are enforced by process isolation in rlinf.rewards.math_reward.
+per-item limits are enforced by process isolation in rlinf.rewards.grader_pool.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from rlinf.rewards.math import answer_region, grade
+from rlinf.rewards.math_grader import answer_region, grade
 
 # A fresh worker imports sympy and builds the LaTeX parser (a few seconds); that time must
 # not count against any item, and a worker that cannot start at all is a setup error.

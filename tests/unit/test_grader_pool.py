@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlinf.rewards.math_reward import MathReward, RewardResult
+from rlinf.rewards.grader_pool import MathReward, RewardResult
 from rlinf.rewards.registry import REWARDS, build_reward
 
 # Survives every guard in grade() and then keeps sympy busy for minutes.
