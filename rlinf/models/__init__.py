@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from rlinf.models.loader import (
+from rlinf.models.hf_checkpoint import (
     SUPPORTED_MODEL_TYPES,
     ModelLoadError,
     load_causal_lm,

@@ -14,7 +14,7 @@ from rlinf.config.loader import save_resolved_config
 from rlinf.config.placement import parse_placement
 from rlinf.config.schema import Config
 from rlinf.config.typed import ConfigError, to_dict
-from rlinf.data.loader import PromptLoader
+from rlinf.data.prompt_loader import PromptLoader
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.checkpoint import CheckpointError, CheckpointManager, check_complete, check_weight_files
 from rlinf.utils.metrics import MetricLogger

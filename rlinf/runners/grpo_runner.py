@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
-from rlinf.data.loader import PromptLoader
+from rlinf.data.prompt_loader import PromptLoader
 from rlinf.runners.checkpointing import RunCheckpointer
 from rlinf.runners.colocation import ColocatedMemory
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics

@@ -53,7 +53,7 @@ def _classify(err: BaseException) -> tuple[int, str] | None:
     """(exit code, label) for bad user input; None for anything else (a bug keeps its traceback)."""
     from rlinf.config.typed import ConfigError
     from rlinf.data.records import DatasetError
-    from rlinf.models.loader import ModelLoadError
+    from rlinf.models.hf_checkpoint import ModelLoadError
     from rlinf.utils.checkpoint import CheckpointError
 
     for error_type, code, label in (
@@ -107,8 +107,8 @@ def run(cfg) -> int:
 
 def _run(cfg) -> int:
     from rlinf.config.validate import total_gpus
-    from rlinf.data.loader import PromptLoader
-    from rlinf.models.loader import ModelLoadError, load_model_config, load_tokenizer
+    from rlinf.data.prompt_loader import PromptLoader
+    from rlinf.models.hf_checkpoint import ModelLoadError, load_model_config, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
     from rlinf.runners.checkpointing import find_resume_point
     from rlinf.runners.data_setup import build_datasets

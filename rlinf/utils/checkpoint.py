@@ -134,7 +134,7 @@ def load_hf_weights_into(model, directory: Path) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from rlinf.models.loader import load_causal_lm
+    from rlinf.models.hf_checkpoint import load_causal_lm
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:

@@ -19,7 +19,7 @@ def configure_threads(num_threads: int | None) -> None:
 
 def load_policy(model_path: str, precision: str, trust_remote_code: bool, device: torch.device):
     """(model, tokenizer) from an HF checkpoint dir or tiny://bootstrap, in eval mode on `device`."""
-    from rlinf.models.loader import load_causal_lm, load_tokenizer
+    from rlinf.models.hf_checkpoint import load_causal_lm, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
 
     path = resolve_model_path(model_path)

@@ -86,7 +86,7 @@ def synthetic_batch(
 
 
 def hf_logprobs(path: Path, precision: str, batch: RolloutBatch) -> torch.Tensor:
-    from rlinf.models.loader import load_causal_lm
+    from rlinf.models.hf_checkpoint import load_causal_lm
 
     model = load_causal_lm(str(path), precision=precision, device=torch.device("cuda"))
     lp = recompute_logprobs(model, batch)

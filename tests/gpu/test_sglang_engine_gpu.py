@@ -39,7 +39,7 @@ def free_gib() -> float:
 
 @pytest.fixture(scope="module")
 def tiny(gpu_tiny, sglang_installed):
-    from rlinf.models.loader import load_causal_lm, load_tokenizer
+    from rlinf.models.hf_checkpoint import load_causal_lm, load_tokenizer
     from rlinf.workers.rollout.sglang_engine import SGLangEngine
 
     free_before = free_gib()

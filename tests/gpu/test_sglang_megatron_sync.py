@@ -19,7 +19,7 @@ from test_sglang_engine_gpu import PROMPTS, gpu_engine_kwargs
 
 
 def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, megatron_installed):
-    from rlinf.models.loader import load_causal_lm, load_tokenizer
+    from rlinf.models.hf_checkpoint import load_causal_lm, load_tokenizer
     from rlinf.models.weights import load_weight_bucket
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.rollout.sglang_engine import SGLangEngine

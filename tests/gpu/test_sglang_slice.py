@@ -14,7 +14,7 @@ EOS = 163586
 
 
 def test_slice_logprobs_equal_the_actor_recompute(moonlight_slice, sglang_installed):
-    from rlinf.models.loader import load_causal_lm
+    from rlinf.models.hf_checkpoint import load_causal_lm
     from rlinf.workers.rollout.sglang_engine import SGLangEngine
 
     generator = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlinf.algorithms import compute_advantages
-from rlinf.models.loader import load_tokenizer
+from rlinf.models.hf_checkpoint import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
 from rlinf.workers.actor.torch_actor import TorchActor, TrainingDivergedError
 from rlinf.workers.rollout.sampling import SamplingParams

@@ -105,7 +105,7 @@ def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoi
     from dataclasses import replace
 
     from rlinf.algorithms import compute_advantages
-    from rlinf.models.loader import load_tokenizer
+    from rlinf.models.hf_checkpoint import load_tokenizer
     from rlinf.runners.data_setup import build_datasets
     from rlinf.scheduler.roles import launch_roles
     from rlinf.weight_sync import sync_weights

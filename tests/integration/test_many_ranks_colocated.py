@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlinf.models.loader import load_tokenizer
+from rlinf.models.hf_checkpoint import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
 from rlinf.runners.grpo_runner import GRPORunner
 from rlinf.scheduler.facades import ActorGroup, GroupFacade, RewardGroup, RolloutGroup

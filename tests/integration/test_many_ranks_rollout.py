@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlinf.models.loader import load_tokenizer
+from rlinf.models.hf_checkpoint import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
 from rlinf.scheduler.facades import RolloutGroup, engine_seed
 from rlinf.scheduler.worker_group import WorkerGroup

@@ -101,7 +101,7 @@ def test_worker_killed_after_a_checkpoint_names_that_checkpoint(
 
 
 def test_dead_worker_stops_the_run_naming_the_role(random_tiny_checkpoint, tmp_path, ray_session):
-    from rlinf.models.loader import load_tokenizer
+    from rlinf.models.hf_checkpoint import load_tokenizer
     from rlinf.runners.data_setup import build_datasets
     from rlinf.runners.grpo_runner import GRPORunner
     from rlinf.runners.main import describe_failure

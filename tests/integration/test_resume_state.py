@@ -20,7 +20,7 @@ def _tensors_equal(a, b) -> bool:
 
 
 def test_actor_state_round_trips_and_the_next_update_is_identical(random_tiny_checkpoint, tmp_path):
-    from rlinf.models.loader import load_tokenizer
+    from rlinf.models.hf_checkpoint import load_tokenizer
     from rlinf.runners.data_setup import build_datasets
     from rlinf.workers.actor.torch_actor import TorchActor
     from rlinf.workers.rollout.sampling import SamplingParams

@@ -33,7 +33,7 @@ def _reference_greedy_accuracy(checkpoint: Path, problems) -> float:
 
 
 def test_runner_validation_matches_an_independent_reference(tmp_path, ray_session):
-    from rlinf.models.loader import load_tokenizer
+    from rlinf.models.hf_checkpoint import load_tokenizer
     from rlinf.runners.data_setup import build_datasets
     from rlinf.runners.grpo_runner import GRPORunner
     from rlinf.scheduler.roles import launch_roles

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from rlinf.data.datasets import PromptDataset, PromptItem, build_prompt_dataset
-from rlinf.data.loader import PromptLoader
+from rlinf.data.prompt_loader import PromptLoader
 from rlinf.data.records import DatasetError, MathRecord
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "<|system|>", "<|user|>", "<|assistant|>"]

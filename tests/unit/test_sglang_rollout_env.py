@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import rlinf.models.loader as loader
+import rlinf.models.hf_checkpoint as hf_checkpoint
 import rlinf.workers.rollout.sglang_rollout as sglang_rollout
 from rlinf.config import load_config
 from rlinf.workers.rollout import moe_configs
@@ -28,7 +28,7 @@ def test_engine_starts_with_our_tables_only_for_a_shape_we_ship(tmp_path, monkey
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the 8-GPU span rewrites it
     monkeypatch.setattr(sglang_rollout, "import_sglang", lambda: None)
     monkeypatch.setattr(sglang_rollout, "SGLangEngine", RecordingEngine)
-    monkeypatch.setattr(loader, "load_tokenizer", lambda path, **kw: object())
+    monkeypatch.setattr(hf_checkpoint, "load_tokenizer", lambda path, **kw: object())
     monkeypatch.setattr(sglang_rollout, "_generation_config", lambda path: None)
     monkeypatch.setattr(sglang_rollout, "eos_token_ids", lambda checkpoint, tokenizer: [2])
     monkeypatch.setattr(sglang_rollout, "pad_token_id", lambda tokenizer, eos: 0)

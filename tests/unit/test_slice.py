@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf.models.loader import load_causal_lm
+from rlinf.models.hf_checkpoint import load_causal_lm
 from rlinf.models.slice import (
     MOONLIGHT_CONFIG,
     SGLANG_CONFIG_FIELDS,

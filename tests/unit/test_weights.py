@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import DeepseekV3ForCausalLM
 
-from rlinf.models.loader import load_causal_lm
+from rlinf.models.hf_checkpoint import load_causal_lm
 from rlinf.models.tiny import SMALL_SETTINGS as SMALL
 from rlinf.models.tiny import tiny_model_config
 from rlinf.models.tiny_tokenizer import build_char_tokenizer

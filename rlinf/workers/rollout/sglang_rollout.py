@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 class SGLangRollout(RolloutWorker):
     def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
         import_sglang()  # the install hint before anything else
-        from rlinf.models.loader import load_tokenizer
+        from rlinf.models.hf_checkpoint import load_tokenizer
         from rlinf.models.tiny import resolve_model_path
 
         self.cfg, self.rank = cfg, rank
