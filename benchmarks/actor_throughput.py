@@ -21,15 +21,24 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                           # activity on, torch 2.11 linked none: the counts and op names remain)
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
+        [--backends torch,megatron,megatron-te-free]  # megatron: the spec this machine runs (TE's
+                                   # when installed); megatron-te-free: the TE-free spec, in a child
+                                   # process with RLINF_MEGATRON_TE=off (the same run, the same GPU)
+        [--megatron-variants gradient_accumulation_fusion=false,moe_permute_fusion=false]
+                                   # one more Megatron run per entry, with that provider setting
+                                   # (rlinf.models.megatron.settings) changed: each fusion's share
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -77,6 +86,50 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
     )
 
 
+@contextlib.contextmanager
+def provider_overrides(overrides: dict):
+    """Megatron actors built inside get `overrides` on top of the recipe's provider settings."""
+    import rlinf.models.megatron.settings as settings
+
+    translate = settings.translate
+
+    def with_overrides(actor, *, te_available):
+        translated = translate(actor, te_available=te_available)
+        return replace(translated, provider={**translated.provider, **overrides})
+
+    settings.translate = with_overrides
+    try:
+        yield
+    finally:
+        settings.translate = translate
+
+
+def parse_variant(text: str) -> dict:
+    key, _, value = text.partition("=")
+    parsed = {"true": True, "false": False}.get(value.strip().lower(), value.strip())
+    return {key.strip(): parsed}
+
+
+def measure_te_free(argv: list[str]) -> dict:
+    """The Megatron actor on the TE-free spec: this benchmark again, megatron only, in a child process
+    where Transformer Engine is switched off (it is chosen when megatron is first imported)."""
+    args = [a for a in argv if not a.startswith("--backends=")]
+    if "--backends" in args:
+        i = args.index("--backends")
+        del args[i : i + 2]
+    for flag in ("--megatron-variants", "--profile"):  # the parent's profile file names stay its own
+        if flag in args:
+            i = args.index(flag)
+            del args[i : i + 2]
+    env = {**os.environ, "RLINF_MEGATRON_TE": "off"}
+    out = subprocess.run(
+        [sys.executable, __file__, *args, "--backends", "megatron"], env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"TE-free run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["megatron"]
+
+
 def measure(
     backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None, host: bool = False
 ):
@@ -86,6 +139,7 @@ def measure(
     else:
         from rlinf.workers.actor.torch_actor import TorchActor as Actor  # type: ignore[assignment]
     actor = Actor(replace(cfg, actor=replace(cfg.actor, training_backend=backend)))
+    spec = getattr(actor, "spec", None)
     data = actor.compute_logprobs(data)
     actor.train(data, step=0)
     torch.cuda.synchronize()
@@ -98,7 +152,7 @@ def measure(
     del actor
     gc.collect()
     torch.cuda.empty_cache()
-    return seconds, summary
+    return seconds, summary, spec
 
 
 def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = False) -> dict:
@@ -181,6 +235,7 @@ def main() -> None:
         "--profile-host", action="store_true", help="with --profile: host ops and sync sources"
     )
     parser.add_argument("--megatron-grouped-gemm", action="store_true", help="actor.model.moe_grouped_gemm")
+    parser.add_argument("--megatron-variants", default="", help="comma-separated provider key=value runs")
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
     ensure_tokenizer(args.model)
@@ -211,20 +266,31 @@ def main() -> None:
         "megatron_moe_grouped_gemm": args.megatron_grouped_gemm,
         "model_tflop_per_call": flops / 1e12,
     }
-    for backend in args.backends.split(","):
-        seconds, trace = measure(backend, cfg, data, args.steps, args.profile, args.profile_host)
-        result[backend] = {
+    runs = [(b, {}) for b in args.backends.split(",")]
+    runs += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
+    for name, overrides in runs:
+        if name == "megatron-te-free":
+            result[name] = measure_te_free(sys.argv[1:])
+            print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+            continue
+        torch.cuda.reset_peak_memory_stats()
+        with provider_overrides(overrides):
+            seconds, trace, spec = measure(
+                name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host
+            )
+        result[name] = {
+            **({"spec": spec["spec"]} if spec else {}),
             "seconds_per_train_call": seconds,
             "tokens_per_s": tokens / seconds,
             "mfu": flops / seconds / (args.peak_tflops * 1e12),
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
             **({"profile_one_train_call": trace} if trace else {}),
         }
-        torch.cuda.reset_peak_memory_stats()
         # A partial figure survives a run cut off by the device's time limit.
-        print(json.dumps({backend: result[backend]}), file=sys.stderr, flush=True)
-    if "torch" in result and "megatron" in result:
-        result["megatron_speedup"] = result["megatron"]["tokens_per_s"] / result["torch"]["tokens_per_s"]
+        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+    for name in [n for n in result if isinstance(result[n], dict) and n.startswith("megatron")]:
+        if "torch" in result:
+            result[f"{name}_speedup_vs_hf"] = result[name]["tokens_per_s"] / result["torch"]["tokens_per_s"]
     print(json.dumps(result))
 
 

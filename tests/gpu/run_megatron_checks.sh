@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|grpo|bench|optim|resume|pack|grouped|host|all]   (default: all)
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|all] [args]
+#   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
+#
+# Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
+# wheel folder, tests/gpu/README.md), else the TE-free one; RLINF_MEGATRON_TE=off forces the latter.
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
 #   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
+#   te-free-spec  (not in `all`) with TE installed: the spec test again under RLINF_MEGATRON_TE=off
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
-#   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor)
-#   optim  the precision-aware optimizer without TE (bf16 moments, CompactAdamW):
+#   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor; with TE e.g.
+#          --backends torch,megatron,megatron-te-free --megatron-variants gradient_accumulation_fusion=false)
+#   optim  the precision-aware optimizer (bf16 moments: TE's FusedAdam, or CompactAdamW without TE):
 #          tests/gpu/test_megatron_compact_adamw.py, then save / load (same actor, and a fresh one)
 #          with fp32 and bf16 moments
 #   resume the save / load half of optim alone
@@ -28,7 +34,7 @@ mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
 source tests/gpu/provision.sh
 use_tiny_checkpoint .h9-tiny
-use_wheel_folders .wray .wmeg || exit 1
+use_wheel_folders .wte .wray .wmeg .whl2 || exit 1
 use_pytest || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PYTEST=(python3 -m pytest -q -s -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning)
@@ -39,7 +45,7 @@ run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
 bench() {  # extra benchmarks/actor_throughput.py arguments
   [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
-  run timeout 300 python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
+  run timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
     --response 768 --steps 2 "$@" | tee -a "$RLINF_GPU_FIGURES"
 }
 
@@ -47,9 +53,10 @@ mode=${1:-all}
 case "$mode" in
   smoke) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py \
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
-  actor|all) run timeout 240 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
+  actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
+  te-free-spec) run env RLINF_MEGATRON_TE=off timeout 120 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k spec 2>&1 | tail -n 20 ;;
   grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
-  bench|all) bench --profile /tmp/actor-profile ;;
+  bench|all) bench --profile /tmp/actor-profile "${@:2}" ;;
   grouped)
     # HF (torch actor) and Megatron with grouped experts in one run, then the checks, then
     # SequentialMLP experts for the before/after
@@ -69,8 +76,8 @@ case "$mode" in
       run timeout 200 python3 benchmarks/packed_micro_batches.py --model "$slice" --backend $backend --precision bf16 \
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
-  smoke|actor|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|grpo|bench|optim|resume|pack|grouped|host|all]" >&2; exit 2 ;;
+  smoke|actor|te-free-spec|grpo|bench|host|all) ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }

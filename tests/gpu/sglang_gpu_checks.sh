@@ -88,7 +88,7 @@ case "${1:-}" in
     status=${PIPESTATUS[0]}
     for d in "$work"/*/; do
       mkdir -p "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")"
-      cp -f "$d/run.log" "$d/logs/metrics.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")/" 2>/dev/null
+      cp -f "$d/run.log" "$d/logs/metrics.jsonl" "$d/logs/megatron_spec.json" "$OUT/step${STEP_TAG:+-$STEP_TAG}/$(basename "$d")/" 2>/dev/null
     done
     cp -f "$work/rows.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/" 2>/dev/null
     save_ray_logs

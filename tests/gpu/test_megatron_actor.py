@@ -1,7 +1,11 @@
 """The Megatron actor on one GPU (TP = EP = 1) against the HF model and against itself.
 
+- the actor builds the spec this machine offers (Transformer Engine's when TE is importable and not
+  switched off with RLINF_MEGATRON_TE=off, else the TE-free one), with HF's norms exactly: one per
+  HF norm tensor, none fused into the query projection (Moonlight has no query LoRA);
 - logprobs equal the HF model's (rlinf.models.logprobs) on the GPU-tiny checkpoint and on the
-  Moonlight-shaped slice: fp32 max |diff| <= 1e-3, bf16 mean |diff| <= 2e-2;
+  Moonlight-shaped slice: fp32 max |diff| <= 1e-3; bf16: the mean |diff| against HF fp32 is at
+  most 1.1x that of HF's own bf16 forward on the same tokens;
 - exported HF weights equal the checkpoint's tensors bit for bit before training;
 - one GRPO minibatch gives the same loss and grad norm as the torch actor (fp32);
 - offload frees the weights / grads / optimizer memory and onload restores identical logprobs;
@@ -137,10 +141,29 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
         hf_bf16_vs_hf_fp32_mean=hf_noise,
         vs_hf_bf16_mean=vs_hf_bf16,
     )
-    # Issue 9 asks for <= 2e-2. On the random 4-layer slice HF's own bf16 run is 0.032 off its fp32
-    # run (H200, 2026-12-01), so there the bar is "no worse than HF bf16" (+10%).
+    # Relative to HF's own bf16 rounding noise (on the random slice no bf16 forward, HF's included,
+    # meets an absolute 2e-2).
     mean = diff.mean().item()
-    assert mean <= 2e-2 or mean <= 1.1 * hf_noise, (mean, hf_noise)
+    assert mean <= 1.1 * hf_noise, (mean, hf_noise)
+
+
+def test_the_actor_builds_this_machines_spec_with_hfs_norms_once(megatron_installed, gpu_tiny):
+    from rlinf.models.megatron import te_placeholder
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    config = json.loads((gpu_tiny / "config.json").read_text())
+    assert config["q_lora_rank"] is None  # the layout of upstream Megatron-Bridge issues 5261 / 5294
+    actor = MegatronActor(actor_config(gpu_tiny, "fp32"))
+    names = [name for name, _ in actor.model[0].named_parameters()]
+    spec = actor.spec
+    del actor
+    free()
+    norms = [n for n in names if "norm" in n]
+    record("layer spec (GPU-tiny)", **spec, norm_parameters=len(norms))
+    assert spec["spec"] == ("transformer_engine" if te_placeholder.real_te_available() else "te_free")
+    assert not [n for n in names if "linear_q_proj" in n and "norm" in n]
+    # HF: input_layernorm, kv_a_layernorm, post_attention_layernorm per layer, then model.norm
+    assert len(norms) == 3 * config["num_hidden_layers"] + 1, norms
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -233,13 +256,17 @@ def one_minibatch_matches_the_torch_actor(gpu_tiny: Path, *, grouped_gemm: bool 
         assert got[k] == pytest.approx(ref[k], rel=2e-3, abs=1e-5), k
 
 
-def test_offload_frees_memory_and_onload_restores_the_model(megatron_installed, gpu_tiny):
+@pytest.mark.parametrize("moments", ["fp32", "bf16"])
+def test_offload_frees_memory_and_onload_restores_the_model(megatron_installed, gpu_tiny, moments):
     """Weights, grads and optimizer state leave the GPU; after onload the weights are bit-identical
-    and training goes on. (Forward logprobs are not compared bit for bit: MoE unpermute sums with
-    scatter_add, whose order differs run to run.)"""
+    and training goes on and moves them (with TE's precision-aware optimizer its params are views of
+    the model's weights: an offload that re-pointed them would leave the model unchanged). Forward
+    logprobs are not compared bit for bit: MoE unpermute sums with scatter_add, whose order differs
+    run to run."""
+    from rlinf.models.megatron import te_placeholder
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
-    actor = MegatronActor(actor_config(gpu_tiny, "bf16", lr=1e-4))
+    actor = MegatronActor(actor_config(gpu_tiny, "bf16", lr=1e-3, moments=moments))
     num_params = sum(p.numel() for chunk in actor.model for p in chunk.parameters())
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=4)
     actor.train(actor.compute_logprobs(batch), step=0)  # allocates the optimizer state
@@ -250,19 +277,26 @@ def test_offload_frees_memory_and_onload_restores_the_model(megatron_installed, 
     actor.onload()
     restored = actor.named_weights()
     after = actor.train(actor.compute_logprobs(batch), step=1)
+    trained = actor.named_weights()
     del actor
     free()
-    expected = num_params * 18 / 2**30  # bf16 weights 2 + fp32 grads 4 + fp32 master/exp_avg/exp_avg_sq 12
+    # bf16 weights 2 + fp32 grads 4 + optimizer state: fp32 master + moments 12; with bf16 moments
+    # 4 + 2 + 2 (TE keeps the master as the bf16 weight plus a 16-bit remainder: 2 + 2 + 2)
+    state_bytes = {"fp32": 12, "bf16": 6 if te_placeholder.real_te_available() else 8}[moments]
+    expected = num_params * (6 + state_bytes) / 2**30
+    moved = max((trained[n].float() - restored[n].float()).abs().max().item() for n in restored)
     record(
-        "offload / onload (GPU-tiny bf16)",
+        f"offload / onload (GPU-tiny bf16, {moments} moments)",
         params=num_params,
         allocated_gib=allocated / 2**30,
         expected_gib=expected,
         freed_gib=freed,
+        weights_moved_after_onload=moved,
     )
     assert all(torch.equal(weights[n], restored[n]) for n in weights)
     assert freed >= 0.95 * expected
     assert after["actor/grad_norm"] > 0 and after["actor/skipped_steps"] == 0
+    assert moved > 0
 
 
 def optimizer_tensors(actor) -> list[torch.Tensor]:
