@@ -4,7 +4,10 @@ A sync streams: the driver asks every actor rank for the next bucket, each rank 
 into one GPU buffer, the engines take it (CUDA IPC handle, or NCCL broadcast from rank 0), and only
 then does the next request drop it. A rank therefore holds at most two buckets' bytes: the one
 handed over, and the first tensor of the next (`pack_buckets`). Megatron's export is collective, so
-every rank is called for every verb and advances bucket by bucket in lockstep. The exporter also
+every rank is called for every verb and advances bucket by bucket in lockstep. Dropping a bucket
+right after the engines reply is safe although SGLang does not synchronise before replying: torch
+keeps a buffer shared by CUDA IPC out of its allocator until the consumer has released it, and the
+consumer synchronises its stream before releasing (ipc_collect then frees it). The exporter also
 keeps the NCCL weight-update group between syncs. An actor exposes it through one method,
 `weight_export(verb, *args)`, so the verbs below are the whole interface.
 """
