@@ -1,8 +1,7 @@
 """Shared pieces of the GPU benchmarks: the Moonlight slice, timing, bandwidth, FLOPs, JSON.
 
 Every benchmark prints one JSON object (`emit`) whose figures and same-run references come from
-the same process. Import it as `from _common import ...` (benchmarks/ is on sys.path when a script
-in it runs) or `from benchmarks._common import ...` from the project root.
+the same process. Benchmarks run from the project root as `python -m benchmarks.<name>`.
 """
 
 from __future__ import annotations

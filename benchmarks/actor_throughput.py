@@ -11,7 +11,7 @@ Model FLOPs per token: 6 x (parameters a token activates: attention, dense MLP, 
 routed experts, router, LM head; not the embedding lookup) + causal attention 6 x layers x heads x
 (qk_dim + v_dim) x mean context. The logprob recompute is not timed.
 
-    python benchmarks/actor_throughput.py --model DIR [--precision bf16] [--rows 16]
+    python -m benchmarks.actor_throughput --model DIR [--precision bf16] [--rows 16]
         [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
         [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
@@ -45,8 +45,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from _common import ensure_tokenizer
 
+from benchmarks._common import ensure_tokenizer
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
 
@@ -123,7 +123,11 @@ def measure_te_free(argv: list[str]) -> dict:
             del args[i : i + 2]
     env = {**os.environ, "RLINF_MEGATRON_TE": "off"}
     out = subprocess.run(
-        [sys.executable, __file__, *args, "--backends", "megatron"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.actor_throughput", *args, "--backends", "megatron"],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
     )
     if out.returncode != 0:
         raise RuntimeError(f"TE-free run failed:\n{out.stderr[-3000:]}")

@@ -5,23 +5,18 @@ unchunked logprob definition, all in one run. MFU counts matmul FLOPs (benchmark
 forward_flops_per_token, x3 for forward + backward) against the H200's dense bf16 peak.
 Megatron's figures come from benchmarks/actor_throughput.py (the Megatron helper's).
 
-    python benchmarks/actor_torch_throughput.py [--tokens 8192,16384] [--seq-len 1024] [--prompt-len 256]
+    python -m benchmarks.actor_torch_throughput [--tokens 8192,16384] [--seq-len 1024] [--prompt-len 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import emit, environment, forward_flops_per_token, gib, mfu, slice_model, timed  # noqa: E402
-
-from rlinf.models.logprobs import reference_response_logprobs, response_logprobs  # noqa: E402
+from benchmarks._common import emit, environment, forward_flops_per_token, gib, mfu, slice_model, timed
+from rlinf.models.logprobs import reference_response_logprobs, response_logprobs
 
 
 def micro_batch(rows: int, seq_len: int, prompt_len: int, vocab: int, seed: int):

@@ -3,7 +3,7 @@
 Pairs come from templates of common answer forms filled with seeded random numbers, each
 with a right rewrite or a wrong variant and its label. Prints one JSON object.
 
-    python benchmarks/grader_throughput.py [--items 8000] [--workers 2]
+    python -m benchmarks.grader_throughput [--items 8000] [--workers 2]
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ the runner's own timers: time/rollout, reward, logprobs, train, weight_sync and 
 memory transitions (grouped as offload_onload), with memory/<transition>_gib after each. Step 1
 (engine warm-up, first kernels) is dropped; the figures are the mean of the later steps.
 
-    python benchmarks/grpo_step_runner.py [--actor megatron|torch] [--rollout sglang|torch]
+    python -m benchmarks.grpo_step_runner [--actor megatron|torch] [--rollout sglang|torch]
         [--prompts 32] [--group-size 8] [--prompt-len 256] [--new-tokens 512] [--steps 3]
         [--sweep-new-tokens 256,1024] [--sweep-prompts 8,16] [--plot docs/grpo_step_runner.png]
-    python benchmarks/grpo_step_runner.py --smoke  # CPU: the tiny recipe, torch backends, 2 steps
-    python benchmarks/grpo_step_runner.py --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
+    python -m benchmarks.grpo_step_runner --smoke  # CPU: the tiny recipe, torch backends, 2 steps
+    python -m benchmarks.grpo_step_runner --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
         # one plot from the runs of several calls (a device call lasts at most 10 minutes)
 
 Every run is a fresh process (engine and actor start-up are not in the step figures; they are
@@ -31,9 +31,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("rollout", "reward", "logprobs", "train", "weight_sync")
@@ -196,6 +193,62 @@ def scaling_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def word_level_tokenizer(checkpoint: Path, vocab_size: int, eos_id: int) -> None:
+    """A tokenizer with one token per id ("t123"): the random slice has none, and the rollout decodes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{eos_id}", pad_token="t0")
+    fast.save_pretrained(checkpoint)
+
+
+def build_checkpoint(path: Path) -> Path:
+    """The 4-layer Moonlight slice with a word-level tokenizer, built on the GPU unless present."""
+    if (path / "tokenizer.json").is_file():
+        return path
+    from rlinf.models.slice import build_moonlight_slice, moonlight_slice_config
+
+    build_moonlight_slice(path, 4, dtype="bf16", device="cuda")
+    fields = moonlight_slice_config(4)
+    word_level_tokenizer(path, fields["vocab_size"], fields["eos_token_id"])
+    return path
+
+
+def plot(sweep: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in (
+        (axes[0], "new_tokens", "response length (tokens)"),
+        (axes[1], "responses", "responses per step"),
+    ):
+        rows = sorted((r for r in sweep if r["varied"] == key), key=lambda r: r[key])
+        if not rows:
+            continue
+        xs = [r[key] for r in rows]
+        bottom = [0.0] * len(rows)
+        for phase in ("rollout", "reward", "logprobs", "train", "weight_sync", "offload_onload"):
+            ys = [r["phase_seconds"].get(phase, 0.0) for r in rows]
+            ax.bar([str(x) for x in xs], ys, bottom=bottom, label=phase)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        ax.set_xlabel(label)
+        ax.set_ylabel("step seconds")
+        fixed = rows[0]
+        other = (
+            f"{fixed['responses']} responses" if key == "new_tokens" else f"{fixed['new_tokens']} new tokens"
+        )
+        ax.set_title(f"colocated GRPO step, 1 GPU ({other})")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l-tok")
@@ -226,8 +279,6 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     if args.plot_rows:
-        from grpo_step_phases import plot
-
         rows = [json.loads(line) for f in args.plot_rows for line in f.read_text().splitlines() if line]
         path = args.plot or "grpo_step_scaling.png"
         plot(scaling_series(rows), Path(path))
@@ -240,11 +291,9 @@ def main() -> None:
         args.steps, args.micro_batch, args.minibatches = 2, 2, 1
         args.work_dir = args.work_dir + "-smoke"
     else:
-        from grpo_step_phases import build_checkpoint
-
         from rlinf.models.slice import moonlight_slice_config
 
-        checkpoint = build_checkpoint(Path(args.checkpoint), smoke=False)
+        checkpoint = build_checkpoint(Path(args.checkpoint))
         args.vocab = moonlight_slice_config(4)["vocab_size"]
     result: dict[str, Any] = {
         "checkpoint": str(checkpoint),
@@ -262,8 +311,6 @@ def main() -> None:
         row = run_once(args, checkpoint, p, args.new_tokens, f"prompts{p}") | {"varied": "responses"}
         result["sweep"].append(row)
     if args.plot and result["sweep"]:
-        from grpo_step_phases import plot
-
         shared = [result["main"] | {"varied": key} for key in ("new_tokens", "responses")]
         plot(result["sweep"] + shared, Path(args.plot))
         result["plot"] = args.plot

@@ -7,7 +7,7 @@ micro-batch one row of its real tokens). The first call of each mode is a warm-u
 JSON object: real tokens/s of each mode, the tokens each forward ran (padding included), the
 micro-batch counts, the speed-up, and the largest weight difference between the two modes' steps.
 
-    python benchmarks/packed_micro_batches.py [--model DIR] [--rows 64] [--prompt 64]
+    python -m benchmarks.packed_micro_batches [--model DIR] [--rows 64] [--prompt 64]
         [--response 256] [--budget 2048] [--precision fp32|bf16] [--backend torch|megatron]
     (--model: an HF DeepSeek-V3 checkpoint; default a random tiny one built in a temp dir; the
     actor runs where its workers run: a GPU when there is one)
@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-from _common import ensure_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import ensure_tokenizer
 
 
 def varied_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 0):

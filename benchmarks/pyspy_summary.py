@@ -9,7 +9,7 @@ processes whose command line contains --process and whose stack passes through a
 most samples inclusive (on the stack) and exclusive (the innermost frame), each as a share of the
 kept samples. Lines are read as a stream, so a file of hundreds of MB is fine.
 
-    python benchmarks/pyspy_summary.py spy.txt --process sglang::scheduler --under event_loop_overlap
+    python -m benchmarks.pyspy_summary spy.txt --process sglang::scheduler --under event_loop_overlap
 """
 
 from __future__ import annotations

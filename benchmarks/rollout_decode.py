@@ -11,7 +11,7 @@ measured here (read + write bytes of a 4 GiB device-to-device copy), so bound to
 bandwidth / weight bytes; it bounds decode steps, so decode_fraction_of_bound is the like-for-like
 share. Prints one JSON object.
 
-    python benchmarks/rollout_decode.py [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
+    python -m benchmarks.rollout_decode [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
         [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
         [--backends sglang --checkpoint DIR]  # SGLang alone (needs the slice on disk; built if missing)
         [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at the largest batch,
@@ -39,12 +39,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import device_copy_bandwidth, emit, environment, gib, slice_model, timed, weight_bytes  # noqa: E402
-
-from rlinf.workers.rollout.sampling import SamplingParams, choose_next_tokens, sample  # noqa: E402
+from benchmarks._common import device_copy_bandwidth, emit, environment, gib, slice_model, timed, weight_bytes
+from rlinf.workers.rollout.sampling import SamplingParams, choose_next_tokens, sample
 
 PROFILE_STEPS = 24
 EOS = 163586  # Moonlight's; masked by min_new_tokens everywhere, so rows never stop early

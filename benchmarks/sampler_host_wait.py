@@ -5,21 +5,17 @@ For each: queue ~1 s of GPU work (torch.cuda._sleep), call the sampler, and repo
 of the call and whether the GPU was still busy when it returned (a host read would have waited);
 then the GPU time per call over 50 calls. Prints JSON. Needs CUDA.
 
-    python benchmarks/sampler_host_wait.py
+    python -m benchmarks.sampler_host_wait
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rlinf.workers.rollout.sglang_hooks import sample_from_probs  # noqa: E402
+from rlinf.workers.rollout.sglang_hooks import sample_from_probs
 
 
 def measure(name: str, call) -> dict:

@@ -3,7 +3,7 @@
 Both decode exactly --new-tokens tokens per row (EOS is masked by min_new_tokens) from the same
 left-padded prompts, so they do the same work. Prints one JSON object.
 
-    python benchmarks/sampling_throughput.py [--threads 2] [--device cpu]
+    python -m benchmarks.sampling_throughput [--threads 2] [--device cpu]
 """
 
 from __future__ import annotations

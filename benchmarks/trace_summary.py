@@ -2,7 +2,7 @@
 SGLang's `start_profile(profile_by_stage=True)` DECODE trace) summarised as GPU busy time, idle
 gaps and the kernels that take the most time, per scheduler step when the step count is given.
 
-    python benchmarks/trace_summary.py TRACE [--steps N] [--top 12]   # prints one JSON object
+    python -m benchmarks.trace_summary TRACE [--steps N] [--top 12]   # prints one JSON object
 
 Busy time is the union of kernel intervals (overlapping kernels on several streams count once);
 idle is the rest of the span from the first kernel's start to the last kernel's end. A decode loop

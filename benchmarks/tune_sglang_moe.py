@@ -10,9 +10,9 @@ SGLang's file format under --out-dir (rlinf's shipped tables: rlinf/workers/roll
 found by the rollout at engine start). Prints one JSON object: per M, the generic config against the
 tuned one, both measured in this run, and the winning config.
 
-    python benchmarks/tune_sglang_moe.py [--experts 64] [--width 1408] [--hidden 2048] [--topk 6]
+    python -m benchmarks.tune_sglang_moe [--experts 64] [--width 1408] [--hidden 2048] [--topk 6]
         [--batches 1,16,64,256,1024,4096] [--out-dir rlinf/workers/rollout/moe_configs/configs]
-    python benchmarks/tune_sglang_moe.py --write-from RESULT.json   # the table from a printed result
+    python -m benchmarks.tune_sglang_moe --write-from RESULT.json   # the table from a printed result
         # (the device tool brings back no file named with '=' or ',', so the table travels as JSON)
 """
 
@@ -29,12 +29,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _common import emit, environment  # noqa: E402
-
-from rlinf.workers.rollout.moe_configs import config_file_name  # noqa: E402
+from benchmarks._common import emit, environment
+from rlinf.workers.rollout.moe_configs import config_file_name
 
 BATCHES = "1,16,64,256,1024,4096"  # decode batches and prefill chunks; SGLang takes the nearest
 CALLS_PER_GRAPH = 10

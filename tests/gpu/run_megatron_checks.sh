@@ -45,7 +45,7 @@ run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
 bench() {  # extra benchmarks/actor_throughput.py arguments
   [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
-  run timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/actor_throughput.py --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
+  run timeout "${BENCH_TIMEOUT:-300}" python3 -m benchmarks.actor_throughput --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
     --response 768 --steps 2 "$@" | tee -a "$RLINF_GPU_FIGURES"
 }
 
@@ -73,7 +73,7 @@ case "$mode" in
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k packed 2>&1 | grep -v "^  \|^$" | tail -n 20
     [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
     for backend in megatron torch; do
-      run timeout 200 python3 benchmarks/packed_micro_batches.py --model "$slice" --backend $backend --precision bf16 \
+      run timeout 200 python3 -m benchmarks.packed_micro_batches --model "$slice" --backend $backend --precision bf16 \
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;

@@ -56,7 +56,7 @@ case "${1:-}" in
       # after the engine tests than in a call of its own; docs/benchmarks.md)
       { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv; uptime; } 2>&1 |
         tee "$OUT/before_decode.txt"
-      timeout 240 python3 benchmarks/rollout_decode.py --backends sglang,torch,generate --batches 64,256 \
+      timeout 240 python3 -m benchmarks.rollout_decode --backends sglang,torch,generate --batches 64,256 \
         --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" \
         --sglang-profile /tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -83,7 +83,7 @@ case "${1:-}" in
     # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
     use_project_stack
     work=/tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
-    timeout "$limit" python3 benchmarks/grpo_step_runner.py --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
+    timeout "$limit" python3 -m benchmarks.grpo_step_runner --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner${STEP_TAG:+-$STEP_TAG}.log" | tail -n 40
     status=${PIPESTATUS[0]}
     for d in "$work"/*/; do

@@ -1,10 +1,10 @@
 """benchmarks/actor_throughput.py --profile-host: the host summary counts device->host syncs and names
 the Python frames they come from (what makes a train call host-bound)."""
 
-from pathlib import Path
-
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.actor_throughput import host_summary
 
 
 def _sync_five_times(x):
@@ -16,10 +16,7 @@ def _sync_once(x):
     return x[0, 0].item()
 
 
-def test_syncs_are_counted_by_their_python_call_site(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from actor_throughput import host_summary
-
+def test_syncs_are_counted_by_their_python_call_site():
     x = torch.randn(32, 32)
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         _sync_five_times(x)

@@ -58,14 +58,16 @@ def test_command_line_reads_gzip(tmp_path: Path):
         f.writelines(LINES)
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, str(root / "benchmarks/pyspy_summary.py"), str(raw), "--under", "run_batch"],
+        [sys.executable, "-m", "benchmarks.pyspy_summary", str(raw), "--under", "run_batch"],
+        cwd=root,
         capture_output=True,
         text=True,
         check=True,
     )
     assert json.loads(out.stdout)["samples_kept"] == 3
     missing = subprocess.run(
-        [sys.executable, str(root / "benchmarks/pyspy_summary.py"), str(tmp_path / "nope.txt")],
+        [sys.executable, "-m", "benchmarks.pyspy_summary", str(tmp_path / "nope.txt")],
+        cwd=root,
         capture_output=True,
         text=True,
     )
