@@ -85,11 +85,67 @@ def _resume_path(cfg: Config) -> Path | None:
         return None
     if resume == "auto":
         root = checkpoint_root(cfg)
-        latest = CheckpointManager(root, cfg.runner.keep_checkpoints).latest()
+        manager = CheckpointManager(root, cfg.runner.keep_checkpoints)
+        latest = manager.latest()
+        latest_step = _step_of(latest) if latest else -1
+        for skipped in manager.incomplete():
+            if _step_of(skipped) > latest_step:
+                logger.warning(
+                    "runner.resume_dir=auto: skipping %s: incomplete (no COMPLETE marker: its save did "
+                    "not finish); resuming from %s",
+                    skipped,
+                    latest or "nothing (starting fresh)",
+                )
         if latest is None:
             logger.info("runner.resume_dir=auto: no checkpoint under %s, starting fresh", root)
         return latest
     return Path(resume)
+
+
+def planned_steps(cfg: Config, loader: PromptLoader) -> int:
+    """The step this run ends after: runner.max_steps, or fewer when runner.max_epochs ends first."""
+    by_epochs = loader.steps_per_epoch * cfg.runner.max_epochs
+    return min(by_epochs, cfg.runner.max_steps) if cfg.runner.max_steps > 0 else by_epochs
+
+
+def steps_left(cfg: Config, point: ResumePoint, loader: PromptLoader) -> int:
+    """Steps a resumed run will train; a checkpoint already past the run's end is refused."""
+    last = planned_steps(cfg, loader)
+    if point.step > last:
+        bound = (
+            f"runner.max_steps={cfg.runner.max_steps}"
+            if cfg.runner.max_steps > 0 and last == cfg.runner.max_steps
+            else f"runner.max_epochs={cfg.runner.max_epochs} ({last} steps)"
+        )
+        raise ConfigError(
+            f"{bound}, but the checkpoint to resume, {point.path}, is already at step {point.step}: "
+            f"this run would train nothing. Raise runner.max_steps above {point.step} to continue it"
+        )
+    return last - point.step
+
+
+def last_good_checkpoint(
+    checkpointer: RunCheckpointer | None, point: ResumePoint | None, failure: BaseException | None
+) -> Path | str | None:
+    """What a stopped run names as its last good checkpoint. While resuming, before the checkpoint was
+    restored: the resume checkpoint itself, unless it is what failed (a CheckpointError from a
+    worker's load); then the newest complete checkpoint before it."""
+    if checkpointer is not None and checkpointer.last_saved is not None:
+        return checkpointer.last_saved
+    if point is None:
+        return None
+    if not isinstance(getattr(failure, "__cause__", None), CheckpointError):
+        return point.path
+    earlier = [
+        c for c in CheckpointManager(point.path.parent, keep=1).checkpoints() if _step_of(c) < point.step
+    ]
+    if earlier:
+        return f"{earlier[-1]} (the resume checkpoint {point.path} could not be loaded)"
+    return f"none (the resume checkpoint {point.path} could not be loaded, and no complete one precedes it)"
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step_"))
 
 
 def _check_compatible(cfg: Config, config_file: Path) -> None:

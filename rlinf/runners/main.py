@@ -1,8 +1,11 @@
-"""Entry point behind examples/reasoning/main_grpo.py: config -> data -> Ray workers -> GRPO loop.
+"""Entry point behind examples/reasoning/main_grpo.py: config -> data -> output folders -> Ray
+workers -> GRPO loop.
 
 Bad input (recipe, data, model or checkpoint) ends with one line naming the file or key and the
 problem, and a distinct exit code (rlinf.config.exit_codes). Everything the driver can check is
 checked before anything is written and before Ray starts, so a refused run leaves nothing behind.
+The output folders are locked for this run and probed for writing before Ray starts too
+(rlinf.runners.output_setup); a save that fails later names the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlinf.config import DEFAULT_RECIPE, exit_codes, load_config, save_resolved_config
+from rlinf.utils.signals import Stopped, stop_on_sigterm
 from rlinf.workers.backends import BackendUnavailableError, check_backends
 
 logger = logging.getLogger("rlinf")
@@ -32,6 +36,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop_on_sigterm()
+    try:
+        return _main(argv)
+    except Stopped as stop:  # before any checkpoint could be written (after it, run() reports)
+        print(f"{stop}: the run had not started training; nothing was saved", file=sys.stderr)
+        return 128 + stop.signum
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     # A recipe name given as key=value means "default recipe + overrides".
     if "=" in args.recipe:
@@ -93,7 +106,7 @@ def worker_failure_code(err: Exception) -> int:
     return kind[0] if kind else exit_codes.RUN_FAILED
 
 
-def describe_failure(err: Exception, last_good: Path | None) -> str:
+def describe_failure(err: Exception, last_good: Path | str | None) -> str:
     return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
 
 
@@ -106,18 +119,12 @@ def run(cfg) -> int:
 
 
 def _run(cfg) -> int:
-    from rlinf.config.validate import total_gpus
     from rlinf.data.prompt_loader import PromptLoader
     from rlinf.models.hf_checkpoint import ModelLoadError, load_model_config, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
-    from rlinf.runners.checkpointing import find_resume_point
+    from rlinf.runners.checkpointing import find_resume_point, steps_left
     from rlinf.runners.data_setup import build_datasets
-    from rlinf.runners.grpo_runner import GRPORunner
-    from rlinf.scheduler.cluster import init_ray, shutdown_ray
-    from rlinf.scheduler.roles import launch_roles
-    from rlinf.scheduler.worker_group import WorkerError
-    from rlinf.utils.metrics import MetricLogger
-    from rlinf.utils.plot import plot_training_curves
+    from rlinf.runners.output_setup import held_output_folders
 
     # Built (or fetched from cache) here, so its progress bar shows in this console; the workers
     # then load the concrete directory.
@@ -125,37 +132,75 @@ def _run(cfg) -> int:
         cfg = with_resolved_model_paths(cfg, resolve_model_path)
     except ValueError as err:  # an unknown tiny:// name
         raise ModelLoadError(f"actor.model.model_path: {err}") from None
-    # Checks before anything is written or started: model, tokenizer, data, resume checkpoint.
+    # Checks before anything is written or started: model, tokenizer, data.
     for model_path in dict.fromkeys((cfg.actor.model.model_path, cfg.rollout.model.model_path)):
         load_model_config(model_path)
     tokenizer = load_tokenizer(
         cfg.actor.model.model_path, trust_remote_code=cfg.actor.model.trust_remote_code
     )
     train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
-    probe = PromptLoader(
-        train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
-    )
-    resuming = find_resume_point(cfg, probe) is not None
+    # From here this run is the only writer of its folders; the resume checkpoint is read under the lock.
+    with held_output_folders(cfg):
+        probe = PromptLoader(
+            train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+        )
+        point = find_resume_point(cfg, probe)
+        if point is not None and steps_left(cfg, point, probe) == 0:
+            print(
+                f"nothing to train: {point.path} is at step {point.step}, the last step of this run "
+                "(runner.max_steps / runner.max_epochs); raise runner.max_steps to train further"
+            )
+            return exit_codes.OK
+        return _train(cfg, train_set, val_set, data_counters, point)
+
+
+def _train(cfg, train_set, val_set, data_counters, point) -> int:
+    import ray
+
+    from rlinf.config.validate import total_gpus
+    from rlinf.runners.checkpointing import last_good_checkpoint
+    from rlinf.runners.grpo_runner import GRPORunner
+    from rlinf.scheduler.cluster import init_ray, shutdown_ray
+    from rlinf.scheduler.roles import launch_roles
+    from rlinf.scheduler.worker_group import WorkerError
+    from rlinf.utils.checkpoint import CheckpointSaveError
+    from rlinf.utils.metrics import MetricLogger
+    from rlinf.utils.plot import plot_training_curves
 
     log_path = Path(cfg.runner.logger.log_path)
     save_resolved_config(cfg, log_path)
     metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)
-    owns_ray = init_ray(total_gpus(cfg))
+    joined_ray = not ray.is_initialized()
     runner, roles = None, None
+
+    def last_good(failure: BaseException | None = None):
+        return last_good_checkpoint(runner.checkpointer if runner else None, point, failure)
+
     try:
+        init_ray(total_gpus(cfg))
+        stop_on_sigterm()  # Ray's driver replaced our handler with its own stack dump
         roles = launch_roles(cfg)
         runner = GRPORunner(cfg, roles, train_set, val_set, metrics)
-        if not resuming:  # a resumed run's history already has them
+        if point is None:  # a resumed run's history already has them
             metrics.log(data_counters, step=0)
         last = runner.run()
     except WorkerError as err:
-        print(describe_failure(err, runner.checkpointer.last_saved if runner else None), file=sys.stderr)
+        print(describe_failure(err, last_good(err)), file=sys.stderr)
         return worker_failure_code(err)
+    except CheckpointSaveError as err:
+        print(f"checkpoint error: {err}\nlast good checkpoint: {last_good() or 'none'}", file=sys.stderr)
+        return exit_codes.CHECKPOINT
+    except Stopped as stop:
+        print(
+            f"{stop}: the run stopped before it could save\nlast good checkpoint: {last_good() or 'none'}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
     finally:
         metrics.close()
         if roles is not None:
             roles.shutdown()
-        if owns_ray:
+        if joined_ray:
             shutdown_ray()
     if cfg.runner.logger.plot:
         plot = plot_training_curves(metrics.history(), log_path / "training_curves.png")

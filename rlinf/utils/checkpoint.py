@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -16,6 +18,15 @@ ASIDE_PREFIX = ".step_"  # the previous copy of a step being replaced (.step_<N>
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, half-written, corrupt or from an incompatible run; names the file."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed (no space, read-only, permission...); its partial folder is already removed."""
+
+
+# A failed write that leaves less than this free on its filesystem is taken for a full disk: some
+# writers (torch.save) report a full disk without the OS error ("unexpected pos ...").
+FULL_DISK_BELOW_BYTES = 16 * 2**20
 
 
 class CheckpointManager:
@@ -33,13 +44,19 @@ class CheckpointManager:
         Replacing an existing step_<N> never leaves a moment without a complete copy: the old one is
         renamed aside, the new one renamed in, and only then is the old one deleted. A crash between
         the two renames leaves the old copy aside, and `checkpoints()` puts it back."""
-        self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
         tmp = self.root / f"{TMP_PREFIX}{step}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        write(tmp)
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            write(tmp)
+            (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+        except Exception as err:
+            reason = describe_write_failure(err, self.root)  # before the cleanup frees the space
+            cleanup = _remove_partial(tmp)
+            raise CheckpointSaveError(f"saving step {step} to {final} failed: {reason}; {cleanup}") from err
         aside = self.root / f"{ASIDE_PREFIX}{step}"
         if final.exists():
             shutil.rmtree(aside, ignore_errors=True)
@@ -72,11 +89,83 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1] if found else None
 
+    def incomplete(self) -> list[Path]:
+        """step_<N> folders without the COMPLETE marker (not written by this class's atomic save)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            (
+                c
+                for c in self.root.iterdir()
+                if STEP_DIR.match(c.name) and not (c / COMPLETE_MARKER).is_file()
+            ),
+            key=lambda c: int(c.name.removeprefix("step_")),
+        )
+
+    def partial_saves(self) -> list[Path]:
+        """Temporary folders of saves that never finished (a crash, a kill)."""
+        return sorted(self.root.glob(f"{TMP_PREFIX}*")) if self.root.is_dir() else []
+
     def _prune(self) -> None:
         for old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         for tmp in self.root.glob(f"{TMP_PREFIX}*"):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_partial(tmp: Path) -> str:
+    if not tmp.exists():
+        return "nothing partial was left"
+    try:
+        shutil.rmtree(tmp)
+    except OSError as err:
+        return f"its partial folder {tmp} could not be removed ({err})"
+    return "its partial folder was removed"
+
+
+def _causes(err: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def describe_write_failure(err: BaseException, folder: Path) -> str:
+    """The OS error behind a failed write (also through a worker's error), or a full disk measured."""
+    for cause in _causes(err):
+        if isinstance(cause, OSError) and cause.errno:
+            return str(cause)
+    try:
+        free: int | None = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if free is not None and free < FULL_DISK_BELOW_BYTES:
+        return (
+            f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: {free / 2**20:.1f} MiB left on the "
+            f"filesystem of {folder} (the writer said: {first_line})"
+        )
+    return first_line
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def safetensors_parameter_count(directory: str | Path) -> int:
+    """Parameters stored in a directory's *.safetensors files, from their headers alone."""
+    total = 0
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        with file.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                numel = 1
+                for dim in entry["shape"]:
+                    numel *= int(dim)
+                total += numel
+    return total
 
 
 def check_complete(path: Path) -> None:

@@ -1,10 +1,33 @@
-"""SIGINT/SIGTERM -> finish the current phase, checkpoint, exit 0 (instead of dying mid-step)."""
+"""Signals. In the training loop SIGINT/SIGTERM finish the current step, checkpoint, exit 0 (instead
+of dying mid-step). Outside it, from the process's start, SIGTERM unwinds the run like Ctrl-C:
+workers, Ray and the output folders' locks are released on the way out, and the run says so."""
 
 from __future__ import annotations
 
 import signal
 import threading
 from contextlib import contextmanager
+
+
+class Stopped(BaseException):
+    """SIGTERM where no step can be finished and saved (start-up, the final save, shutdown).
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signal_name}")
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise Stopped in the main thread. Call it first thing, and again after anything
+    that installs its own handler (Ray's driver installs one that dumps a stack and exits)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_stopped)
 
 
 class StopRequest:

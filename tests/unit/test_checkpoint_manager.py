@@ -2,7 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from rlinf.utils.checkpoint import CheckpointError, CheckpointManager, check_complete, load_hf_weights_into
+from rlinf.utils.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    CheckpointSaveError,
+    check_complete,
+    load_hf_weights_into,
+)
 
 
 def _write_file(name: str, text: str):
@@ -110,3 +116,61 @@ def test_truncated_or_garbled_safetensors_are_named_before_loading(tmp_path):
     good.write_bytes(data[:8] + b"{not json" + data[17:])
     with pytest.raises(CheckpointError, match="unreadable header"):
         check_weight_files(tmp_path)
+
+
+def _failing(err: BaseException):
+    def write(directory: Path) -> None:
+        (directory / "half.bin").write_bytes(b"x" * 100)
+        raise err
+
+    return write
+
+
+def test_a_failed_save_names_the_os_error_and_removes_its_partial_folder(tmp_path):
+    import errno
+
+    manager = CheckpointManager(tmp_path, keep=2)
+    manager.save(1, _write_file("state.txt", "good"))
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(CheckpointSaveError) as err:
+        manager.save(2, _failing(full))
+    assert str(err.value) == (
+        f"saving step 2 to {tmp_path / 'step_2'} failed: [Errno 28] No space left on device; "
+        "its partial folder was removed"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
+    assert (tmp_path / "step_1" / "state.txt").read_text() == "good"
+
+
+def test_the_os_error_is_found_behind_a_workers_error(tmp_path):
+    import errno
+
+    from rlinf.scheduler.worker_group import WorkerError
+
+    try:
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "x"))
+    except OSError as cause:
+        wrapped = WorkerError("actor worker (rank 0) failed: OSError: ...")
+        wrapped.__cause__ = cause
+    with pytest.raises(CheckpointSaveError, match=r"failed: \[Errno 30\] Read-only file system: '"):
+        CheckpointManager(tmp_path, keep=1).save(3, _failing(wrapped))
+
+
+def test_a_full_disk_reported_without_an_os_error_is_measured(tmp_path, monkeypatch):
+    import shutil
+
+    # torch.save reports a full disk as "RuntimeError: [enforce fail ...] unexpected pos": no errno.
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=4096))
+    with pytest.raises(CheckpointSaveError) as err:
+        CheckpointManager(tmp_path, keep=1).save(
+            1, _failing(RuntimeError("unexpected pos 3588928 vs 3588820"))
+        )
+    assert "failed: [Errno 28] No space left on device: 0.0 MiB left on the filesystem of" in str(err.value)
+    assert "(the writer said: unexpected pos 3588928 vs 3588820)" in str(err.value)
+    monkeypatch.setattr(shutil, "disk_usage", real)  # plenty of space: the writer's own words
+    with pytest.raises(
+        CheckpointSaveError, match=r"failed: unexpected pos 1 vs 2; its partial folder was removed$"
+    ):
+        CheckpointManager(tmp_path, keep=1).save(1, _failing(RuntimeError("unexpected pos 1 vs 2")))
+    assert not list(tmp_path.glob(".tmp_step_*"))

@@ -44,3 +44,71 @@ def test_other_run_settings_are_refused_by_dotted_key(tmp_path):
         CheckpointError, match="incompatible checkpoint: runner.seed was 1234, this run has 7"
     ):
         _check_compatible(load_config("tiny-moe-grpo-cpu", ["runner.seed=7"]), saved)
+
+
+def _complete(root, step):
+    path = root / f"step_{step}"
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text("{}")
+    return path
+
+
+def _loader(cfg):
+    from rlinf.data.prompt_loader import PromptLoader
+
+    return PromptLoader(list(range(64)), cfg.data.rollout_batch_size, shuffle=False, seed=0)
+
+
+def test_a_resume_past_the_last_step_is_refused_and_at_it_trains_nothing(tmp_path):
+    from rlinf.config import ConfigError
+    from rlinf.runners.checkpointing import ResumePoint, steps_left
+
+    cfg = load_config("tiny-moe-grpo-cpu", ["runner.max_steps=3"])
+    at = lambda step: ResumePoint(tmp_path / f"step_{step}", step, {})  # noqa: E731
+    assert steps_left(cfg, at(1), _loader(cfg)) == 2
+    assert steps_left(cfg, at(3), _loader(cfg)) == 0
+    with pytest.raises(ConfigError) as err:
+        steps_left(cfg, at(5), _loader(cfg))
+    assert str(err.value) == (
+        f"runner.max_steps=3, but the checkpoint to resume, {tmp_path / 'step_5'}, is already at step 5: "
+        "this run would train nothing. Raise runner.max_steps above 5 to continue it"
+    )
+    by_epochs = load_config("tiny-moe-grpo-cpu", ["runner.max_steps=-1", "runner.max_epochs=1"])
+    with pytest.raises(ConfigError, match=r"^runner.max_epochs=1 \(4 steps\), but .* already at step 5"):
+        steps_left(by_epochs, at(5), _loader(by_epochs))  # 64 prompts / 16 per step
+
+
+def test_resume_auto_says_which_incomplete_step_it_skips(tmp_path, caplog):
+    import logging
+
+    from rlinf.runners.checkpointing import _resume_path, checkpoint_root
+
+    cfg = load_config("tiny-moe-grpo-cpu", [f"runner.output_dir={tmp_path}", "runner.resume_dir=auto"])
+    root = checkpoint_root(cfg)
+    good = _complete(root, 2)
+    (root / "step_1").mkdir()  # older than the one resumed: not worth a word
+    (root / "step_3").mkdir()  # no COMPLETE marker
+    with caplog.at_level(logging.WARNING, logger="rlinf.runners.checkpointing"):
+        assert _resume_path(cfg) == good
+    assert caplog.messages == [
+        f"runner.resume_dir=auto: skipping {root / 'step_3'}: incomplete (no COMPLETE marker: its save did "
+        f"not finish); resuming from {good}"
+    ]
+
+
+def test_a_failed_resume_names_the_checkpoint_before_the_one_that_failed(tmp_path):
+    from rlinf.runners.checkpointing import ResumePoint, last_good_checkpoint
+    from rlinf.scheduler.worker_group import WorkerDiedError, WorkerError
+
+    first, second = _complete(tmp_path, 1), _complete(tmp_path, 2)
+    point = ResumePoint(second, 2, {})
+    bad_state = WorkerError("actor worker (rank 0) failed: CheckpointError: actor_state.pt: corrupt")
+    bad_state.__cause__ = CheckpointError("actor_state.pt: corrupt")
+    assert last_good_checkpoint(None, point, bad_state) == (
+        f"{first} (the resume checkpoint {second} could not be loaded)"
+    )
+    # a failure that is not the checkpoint's: the checkpoint it resumed from is still good
+    assert last_good_checkpoint(None, point, WorkerDiedError("rollout worker (rank 0) died")) == second
+    only = ResumePoint(first, 1, {})
+    assert last_good_checkpoint(None, only, bad_state).startswith("none (the resume checkpoint")
+    assert last_good_checkpoint(None, None, bad_state) is None
