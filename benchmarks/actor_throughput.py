@@ -17,8 +17,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
         [--profile-host]  # with --profile: also CPU activity with Python stacks, summarised as the
                           # top host ops and the device->host syncs (.item(), .tolist()) with their
-                          # Python call sites where the profiler links them (on the H200, with CUDA
-                          # activity on, torch 2.11 linked none: the counts and op names remain)
+                          # Python call sites where the profiler links them (torch 2.11 links none
+                          # while CUDA activity is profiled: the counts and op names remain)
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
         [--backends torch,megatron,megatron-te-free]  # megatron: the spec this machine runs (TE's

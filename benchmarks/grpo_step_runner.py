@@ -11,7 +11,7 @@ memory transitions (grouped as offload_onload), with memory/<transition>_gib aft
         [--sweep-new-tokens 256,1024] [--sweep-prompts 8,16] [--plot docs/grpo_step_runner.png]
     python -m benchmarks.grpo_step_runner --smoke  # CPU: the tiny recipe, torch backends, 2 steps
     python -m benchmarks.grpo_step_runner --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
-        # one plot from the runs of several calls (a device call lasts at most 10 minutes)
+        # one plot from the rows of several runs
 
 Every run is a fresh process (engine and actor start-up are not in the step figures; they are
 reported as startup_seconds). No checkpoint is written unless --save-at-end (a Megatron slice
@@ -138,13 +138,13 @@ def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) ->
     started = time.perf_counter()
     timed_out = False
     with (out / "run.log").open("w") as log:
-        # Its own session: on a timeout the whole run (Ray workers, engines) is killed together.
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own process group: on a timeout the whole run (Ray workers, engines) is killed together.
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, process_group=0)
         try:
             code = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            # The steps logged so far still make a figure (seen on the H200: the run's last
-            # checkpoint save was still writing when the device's time ran out).
+            # The steps logged so far still make a figure (a slow final checkpoint save must not
+            # cost the measured steps).
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code, timed_out = 0, True

@@ -305,8 +305,8 @@ def main() -> None:
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     if "sglang" in backends:
-        # Last, with the in-process model gone: seen on the H200, the torch rollout ran 4-8x slower
-        # while an SGLang engine was up in the same process (its scheduler shares the GPU and host).
+        # Last, with the in-process model gone: an SGLang engine up in the same process shares the
+        # GPU and host with the torch rollout and slows it several times.
         del model
         gc.collect()
         torch.cuda.empty_cache()
@@ -343,11 +343,9 @@ def measure_sglang(
         for batch in batches:
             prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
             # Warm-up at the measured batch shape: the first prefill and decode of a shape compile
-            # triton kernels (seen on the H200: a first engine's batch 64 ran 2.7x slower than the
-            # same batch on a later engine that found them in triton's disk cache).
+            # triton kernels, which would otherwise count in the first engine's figures.
             run_sglang(prompts, 4, engine)
-            # Repeats, median reported: two H200 runs of the same engines differed up to 2x in one
-            # measurement each (docs/benchmarks.md, seventh session).
+            # Repeats, median reported: single measurements of one engine scatter by up to 2x.
             times = sorted(run_sglang(prompts, args.new_tokens, engine) for _ in range(args.sglang_repeats))
             prefills = sorted(run_sglang(prompts, 1, engine) for _ in range(args.sglang_repeats))
             extra = {"variant": variant, "env": env} if variant or env else {}

@@ -4,8 +4,8 @@ SGLang reads a tuned config per (local experts E, expert width N, GPU, triton ve
 none for Moonlight's experts (E=64 on one GPU, E=8 per rank at EP=8; N=1408), so it falls back to
 one generic config for every batch size. This script times the kernel pair (gate/up GEMM + SiLU +
 down GEMM) for each batch size M under SGLang's generic config and each candidate (the distinct
-configs of SGLang's own table for this GPU at the nearest width; about 1.6 s each per batch size on
-an H200, mostly compilation), inside CUDA graphs as the engine runs decode, and writes the winners in
+configs of SGLang's own table for this GPU at the nearest width; about 1.6 s each per batch size,
+mostly compilation), inside CUDA graphs as the engine runs decode, and writes the winners in
 SGLang's file format under --out-dir (rlinf's shipped tables: rlinf/workers/rollout/moe_configs,
 found by the rollout at engine start). Prints one JSON object: per M, the generic config against the
 tuned one, both measured in this run, and the winning config.

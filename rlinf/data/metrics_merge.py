@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-# Counts whose names carry no count suffix.
+# Counts whose names have no count suffix.
 SUMMED = frozenset({"reward/timeouts", "actor/skipped_steps", "actor/early_stopped_minibatches"})
 
 

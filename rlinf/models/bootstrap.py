@@ -21,7 +21,7 @@ from rlinf.rewards.math_grader import extract_last_boxed, grade
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding)
+IGNORE_INDEX = -100  # label of tokens without a loss (prompt, padding)
 
 
 @dataclass(frozen=True)

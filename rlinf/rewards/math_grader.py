@@ -184,7 +184,7 @@ def _numeric_decision(gold: sympy.Expr, pred: sympy.Expr) -> bool | None:
     digits = 60 + int(int(scale).bit_length() * math.log10(2))
     difference = abs(sympy.N(gold - pred, digits))
     if gold.has(sympy.Float) or pred.has(sympy.Float):
-        return difference <= FLOAT_RELATIVE_TOLERANCE * scale  # decimals carry ~15 digits
+        return difference <= FLOAT_RELATIVE_TOLERANCE * scale  # decimals hold ~15 digits
     return difference <= 1e-40  # exact expressions: equal ones evaluate to a zero difference
 
 

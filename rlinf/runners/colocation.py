@@ -1,25 +1,16 @@
 """The colocated memory order: actor and rollout take turns on the same GPUs.
 
-    generate (rollout awake; actor offloaded when actor.offload_between_phases)
-    -> rollout releases KV cache and weights        time/rollout_release
-    -> actor onloads                                time/actor_onload
-    -> logprobs + train
-    -> rollout resumes its weights                  time/rollout_resume_weights
-    -> weight sync                                  time/weight_sync
-    -> actor offloads (offload_between_phases only) time/actor_offload
-    -> rollout resumes its KV cache                 time/rollout_resume_kv_cache
+    generate -> rollout releases KV cache and weights -> actor onloads -> logprobs + train
+    -> rollout resumes its weights -> weight sync -> actor offloads (offload_between_phases only)
+    -> rollout resumes its KV cache
 
-Each transition is logged and timed; where CUDA is present the GPU memory in use after it is
-recorded as memory/<transition>_gib (the fullest GPU of the actor's ranks, all processes counted).
-
-`actor.offload_between_phases: auto` offloads in step 1 and measures: the GPU in use with the engine
-back up and the actor offloaded, plus what the offload freed, is the rollout's peak with a resident
-actor. If that peak leaves AUTO_HEADROOM of the GPU free, later steps keep the actor resident (on one
-H200 the offload and onload took a third of a step on the Moonlight slice, docs/benchmarks.md);
-otherwise they keep offloading. The decision is logged and reported once as
-memory/auto_resident_peak_gib and actor/offload_between_phases (1 offloading, 0 resident).
-Disaggregated and CPU placements (`roles.colocated` false) skip the transitions: only the weight
-sync runs. A resume pushes the restored weights in the same order (`sync_after_load`).
+Each transition is logged, timed (time/<transition>) and, on CUDA, followed by the GPU memory in use
+(memory/<transition>_gib, the fullest GPU of the actor's ranks). `offload_between_phases: auto`
+offloads in step 1 and measures the rollout's peak with a resident actor; if it leaves AUTO_HEADROOM
+of the GPU free, later steps keep the actor resident, since offload and onload cost seconds a step.
+The decision is logged and reported once (memory/auto_resident_peak_gib, actor/offload_between_phases).
+Disaggregated and CPU placements run only the weight sync. A resume pushes the restored weights in
+the same order (`sync_after_load`).
 """
 
 from __future__ import annotations

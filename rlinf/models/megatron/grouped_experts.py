@@ -1,41 +1,15 @@
 """Routed MoE experts as grouped GEMMs without Transformer Engine: a drop-in for megatron-core's
 `SequentialMLP` in the TE-free spec (`te_free_block_spec(..., grouped_experts=True)`).
 
-Why: without TE, megatron-core 0.19.2 builds the routed experts as `SequentialMLP`, a Python loop
-over the local experts (64 on one GPU for Moonlight) with several kernels each; on the H200 that
-left the GPU idle most of a train call (host-bound). Here each projection of all local experts is
-one `torch.nn.functional.grouped_mm` call on CUDA, with the expert boundaries given by offsets
-(the cumulative `tokens_per_expert`); megatron's `TEGroupedMLP` does the same with TE.
-
-Contract (megatron-core's MoELayer): built as `GroupedGemmExperts(num_local_experts, config,
-pg_collection=..., name=...)`, called as `experts(permuted_hidden, tokens_per_expert,
-permuted_probs)` with the tokens sorted by local expert; returns `(output, None)`. The maths is
-SequentialMLP's: fc1 -> SwiGLU (or the configured activation) -> times the routing probability
-(after the activation, or on the input with `moe_apply_probs_on_input`) -> fc2, no biases.
-
-Parameters: `linear_fc1.weight{i}` [2 x moe_ffn, hidden] ([gate; up] for a gated unit) and
-`linear_fc2.weight{i}` [hidden, moe_ffn], one per local expert i: the names and layout of
-TEGroupedMLP's, which Megatron-Bridge's DeepSeek-V3 mapping converts (`experts.linear_fc1.weight*`,
-`experts.linear_fc2.weight*`; the bridge turns local expert numbers into global ones under EP).
-They carry the attributes megatron's expert layers set (`allreduce=False` under expert
-parallelism, so DDP puts them in the expert-parallel buffers; tensor-parallel partition dims).
-Their distributed-checkpoint keys and layout (`sharded_state_dict`) are SequentialMLP's, so its
-saved weights load into these (not back: SequentialMLP also asks for an empty `_extra_state` per
-expert linear). The actor's checkpoints also hold the distributed optimizer's state as flat
-buffers in parameter order, which differs between the two, so the actor refuses to resume across a
-change of the setting (megatron_actor.py).
-
-Memory: grouped_mm takes one [experts, out, in] tensor, so each forward stacks the per-expert
-weights (a copy: 2 x 3 x hidden x moe_ffn bytes per expert and layer in bf16, about 17 MB for
-Moonlight). Under autograd the stacks live until backward: about 1.1 GB per MoE layer with all 64
-Moonlight experts on one GPU, 138 MB per layer with 8 local experts (EP = 8).
-
-Not implemented (refused when configured): expert tensor parallelism (ETP > 1), FP8 / FP4, expert
-biases, latent MoE, interleaved GLU weights, delayed weight-gradient computation. Recompute of
-`moe_act` is not implemented either; the recipe translation drops it without TE (settings.py).
-
-Off CUDA the same maths runs as a loop over the experts (`_grouped_mm_runs_on` decides): torch's
-CPU grouped_mm is a loop too, and needs 16-byte aligned strides. The CPU tests run both.
+Why: without TE, megatron-core builds the routed experts as `SequentialMLP`, a Python loop over the
+local experts that leaves a train call host-bound. Here each projection of all local experts is one
+`torch.nn.functional.grouped_mm` call (expert offsets from `tokens_per_expert`), as TE's
+`TEGroupedMLP` does. Contract, maths and parameter names (`linear_fc1.weight{i}`,
+`linear_fc2.weight{i}`) are megatron's, so Megatron-Bridge converts them and SequentialMLP's
+checkpoints load; each forward stacks the per-expert weights (a copy kept for backward). Refused:
+ETP > 1, FP8 / FP4, expert biases, latent MoE, interleaved GLU, delayed weight gradients. Off CUDA
+the same maths runs as a loop over the experts (`_grouped_mm_runs_on`). docs/megatron.md has the
+layout, memory and checks.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """megatron-core's multi-tensor gradient ops without Transformer Engine or apex, on torch's fused
 `_foreach` kernels.
 
-Why: without TE or apex, megatron-core 0.19.2 falls back to `megatron.core.utils.local_multi_tensor_*`.
-Its L2 norm (used for the global grad norm and clipping) builds `torch.tensor([torch.norm(g) for g
-in grads])`, which reads every per-tensor norm back to the host one by one: one device->host sync
-per parameter tensor, twice per optimizer step (once for our reported norm, once inside
-`optimizer.step()`). On the H200, one train call of the Moonlight slice (852 parameter tensors) made
-1739 such reads and 888 stream synchronisations, and the GPU sat idle 89 of its 472 ms
-(docs/benchmarks.md, eighth session). Its scale is a Python loop of `dst.copy_(src * scale)`.
-
-Here the same contracts (`op(chunk_size, noop_flag, tensor_lists, *args)`, as `multi_tensor_applier`
-calls them) run as a few fused launches with no host read:
+Why: without TE or apex, megatron-core 0.19.2 falls back to `megatron.core.utils.local_multi_tensor_*`,
+whose L2 norm reads every per-tensor norm back to the host (one device->host sync per parameter
+tensor, twice per optimizer step) and whose scale is a Python loop. The versions here keep the
+contracts (`op(chunk_size, noop_flag, tensor_lists, *args)`, as `multi_tensor_applier` calls them)
+and run as a few fused launches with no host read:
 - `foreach_l2_norm`: the global L2 norm of `tensor_lists[0]` as a one-element fp32 CUDA tensor (the
   per-tensor norms are taken in fp32 whatever the grads' dtype, so bf16 grads lose nothing);
 - `foreach_scale`: `dst = src * scale` for `[src, dst]` lists, in place when they are the same list.
 
 `install()` swaps them into megatron's modules only where megatron chose its local fallbacks, so
-with TE or apex present nothing changes.
+with TE or apex present nothing changes. Effect on the actor's speed: docs/megatron.md.
 """
 
 from __future__ import annotations

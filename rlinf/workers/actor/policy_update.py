@@ -1,46 +1,20 @@
 """The GRPO policy update shared by every actor backend (torch DDP, Megatron).
 
 `run_policy_update(backend, batch, settings, step, skips)` trains on one step's batch. Every
-data-parallel rank calls it with the SAME full batch (the facade sends one object-store reference)
-and the loop takes this rank's rows itself:
+data-parallel rank calls it with the SAME full batch and takes its own rows:
 
     shuffle the batch (seed + step, identical on every rank)
     for each minibatch of actor.global_batch_size rows:
-        rows of this DP rank: the minibatch's slice `dp_slice(gbs, dp.rank, dp.size)`
-        LossNormalizer from GLOBAL token / sequence counts (all-reduced over DP)
-        zero_grad; forward_backward(micro-batches, loss_fn)   (see `micro_batch_rows`)
-        metrics: per-rank sums of contributions, all-reduced (sum; `_max` names: max)
-        early stop  <- all-reduced actor/ratio_mean          (every rank takes the same branch)
-        grad_norm = clip_grad_norm(clip_grad)                (global norm)
-        NaN skip    <- all-reduced loss and grad-norm flags  (every rank takes the same branch)
-        optimizer_step()
+        this DP rank's slice; LossNormalizer from GLOBAL token / sequence counts (all-reduced)
+        zero_grad; forward_backward(micro-batches, loss_fn); metrics all-reduced
+        early stop and NaN skip from all-reduced values (every rank takes the same branch)
+        clip_grad_norm (global norm); optimizer_step()
 
-Because the global minibatch is cut from the shuffled batch before the DP split, the rows of every
-optimizer step do not depend on the number of ranks: N ranks compute the same update as one.
-
-Micro-batches are consecutive runs of actor.micro_batch_size rows, or, with
-actor.max_tokens_per_micro_batch, groups of rows of similar length whose padded size stays within
-that many tokens (rlinf.workers.actor.micro_batches), as many on every DP rank (the largest count
-any rank needs, all-reduced), because each forward runs tensor- and expert-parallel collectives.
-
-Loss scaling. Each micro-batch loss is its contribution (sum over its tokens / GLOBAL count, see
-rlinf.algorithms.aggregation), so the minibatch gradient is the SUM of all contributions over
-micro-batches and ranks. DDP and megatron-core's gradient reduction AVERAGE over DP ranks, so the
-loop multiplies the loss handed to `backward` by `backend.backward_scale` (dp.size by default).
-
-Hooks a backend implements (subclass `PolicyUpdateBackend`):
-- `dp` (DPInfo): this rank's data-parallel rank and size.
-- `forward_micro(micro) -> (logprobs, entropy)`: [b, R] tensors on `device` for a TRIMMED
-  micro-batch, logprobs with grad, temperature-scaled like the rollout. Only used by the default
-  `forward_backward`; a backend with its own schedule (Megatron pipeline) overrides
-  `forward_backward(micros, loss_fn)` instead and calls `loss_fn(micro, logprobs, entropy)` from
-  inside its schedule, backpropagating the returned `MicroLoss.backward_loss`.
-- `backward(loss)`: accumulate gradients (default `loss.backward()`).
-- `all_reduce(tensor, op)`: op "sum" or "max" over the DP group; returns the reduced tensor (on CPU,
-  same dtype). Identity with one rank.
-- `zero_grad()`, `clip_grad_norm(max_norm) -> float` (the GLOBAL pre-clip norm, same on every rank;
-  non-finite allowed, it triggers a skip), `optimizer_step()` (optimizer and LR schedule),
-  `current_lr() -> float`.
+Why this shape: the minibatch is cut before the DP split, so N ranks compute the same update as
+one; every rank runs as many micro-batches (rlinf.workers.actor.micro_batches) because each forward
+runs tensor- and expert-parallel collectives; each micro-batch loss is its contribution to the
+global mean (rlinf.algorithms.aggregation) times `backend.backward_scale`, because DDP and
+megatron-core average gradients over DP ranks while the loss needs their sum.
 """
 
 from __future__ import annotations
@@ -132,7 +106,21 @@ LossFn = Callable[[RolloutBatch, torch.Tensor, torch.Tensor | None], MicroLoss]
 
 
 class PolicyUpdateBackend(ABC):
-    """The hooks `run_policy_update` drives; see the module docstring for their contracts."""
+    """The hooks `run_policy_update` drives.
+
+    - `dp` (DPInfo): this rank's data-parallel rank and size.
+    - `forward_micro(micro) -> (logprobs, entropy)`: [b, R] tensors on `device` for a TRIMMED
+      micro-batch, logprobs with grad, temperature-scaled like the rollout. Only used by the
+      default `forward_backward`; a backend with its own schedule (Megatron pipeline) overrides
+      `forward_backward(micros, loss_fn)` and calls `loss_fn(micro, logprobs, entropy)` inside
+      it, backpropagating the returned `MicroLoss.backward_loss`.
+    - `backward(loss)`: accumulate gradients (default `loss.backward()`).
+    - `all_reduce(tensor, op)`: op "sum" or "max" over the DP group; returns the reduced tensor
+      (on CPU, same dtype). Identity with one rank.
+    - `zero_grad()`, `clip_grad_norm(max_norm) -> float` (the GLOBAL pre-clip norm, same on every
+      rank; non-finite allowed, it triggers a skip), `optimizer_step()` (optimizer and LR
+      schedule), `current_lr() -> float`.
+    """
 
     dp: DPInfo = DPInfo()
     device: torch.device = torch.device("cpu")

@@ -139,8 +139,7 @@ def sample(
 
     Decode steps keep the model's MoE experts implementation (transformers' default grouped_mm).
     `generate` switches to batched_mm for decoding (one gathered copy of an expert's weights per
-    token and expert): on the H200 slice that is 1.8x (batch 64) to 4.6x (batch 256) slower per
-    decode forward (benchmarks/rollout_decode.py --breakdown, docs/benchmarks.md).
+    token and expert), a slower decode forward on the Moonlight slice (docs/rollout.md).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("sample() needs at least one prompt and every prompt needs at least one token")
@@ -173,12 +172,10 @@ def decode_attention_kernels(device: torch.device):
 
     With a padding mask, torch 2.11 on Hopper sends SDPA to cuDNN first, and cuDNN builds an
     execution plan for every new shape (batch, key length). Decoding makes a new shape at every
-    step (the key length grows by one; finished rows leave the batch), so each step paid a plan
-    build: on the H200 slice the first 512-token decode of a process ran 55-73 ms per step, and an
-    identical decode after it (plans cached) 11.7 ms (docs/benchmarks.md, eighth session; the
-    public report of the same cost: modelscope/FunASR#3704). Flash / memory-efficient / math need
-    no plan. A context manager; the flags are restored on exit (the module may be shared with a
-    training actor). Elsewhere (CPU) nothing changes.
+    step (the key length grows by one; finished rows leave the batch), so every step would pay a
+    plan build (the same cost is reported in modelscope/FunASR#3704). Flash / memory-efficient /
+    math need no plan. A context manager; the flags are restored on exit (the module may be shared
+    with a training actor). Elsewhere (CPU) nothing changes.
     """
     if torch.device(device).type != "cuda":
         return contextlib.nullcontext()

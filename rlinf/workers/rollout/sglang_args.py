@@ -67,7 +67,7 @@ def engine_kwargs(
         # flashinfer's top-k/top-p kernel rejects per-request seeds; the torch sampler honours them.
         "sampling_backend": "pytorch",
         "grammar_backend": "none",
-        # Otherwise about a minute of torch.compile at every engine start (seen on the H200).
+        # Otherwise about a minute of torch.compile at every engine start.
         "disable_piecewise_cuda_graph": True,
         # Colocated engines hand their memory to the trainer between rollouts (torch_memory_saver).
         "enable_memory_saver": colocated,

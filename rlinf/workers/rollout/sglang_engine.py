@@ -116,8 +116,8 @@ class SGLangEngine:
 
         async def start_handle_loop() -> None:
             # Inside the engine's running loop: SGLang's get_or_create_event_loop() asks for the
-            # *running* loop, so called from here it would make a new loop, put the response task
-            # there, and every generate would wait forever (seen on the H200).
+            # *running* loop, so called from anywhere else it would make a new loop, put the
+            # response task there, and every generate would wait forever.
             self.engine.tokenizer_manager.auto_create_handle_loop()  # installs SGLang's handler first
 
         loop.run_until_complete(start_handle_loop())

@@ -1,17 +1,12 @@
 """rlinf's SGLang plugin: a lighter sampler for every decode step of SGLang's scheduler.
 
 Why: SGLang 0.5.12 samples without top-k / top-p / min-p (rlinf's RL sampling, temperature only)
-with `torch.multinomial(probs, 1)`. Before drawing, torch checks the whole [batch x vocab]
-probability tensor (full-vocabulary reductions: inf / NaN, negative, all-zero rows); then it draws
-by the exponential
-race, argmax(p / q) with q ~ Exp(1) from the default generator. `sample_from_probs` is the race
-alone: the same tokens for the same generator state (tests/test_sglang_hooks.py). At 256 rows of
-Moonlight's 163840-token vocabulary on the H200 it takes 0.27 ms of GPU time and 0.22 ms of the
-scheduler's host time per decode step, against 0.43 and 0.61 ms (benchmarks/sampler_host_wait.py;
-neither waits for the GPU), and the slice decodes about 17% faster at batch 256
-(docs/benchmarks.md, ninth session). What the checks caught, NaN or negative probabilities, comes
-from NaN logits, which SGLang's own `enable_nan_detection` guards. Seeded sampling (deterministic
-inference) keeps SGLang's own gumbel path.
+with `torch.multinomial(probs, 1)`, which checks the whole [batch x vocab] probability tensor
+(inf / NaN, negative, all-zero rows) before its exponential race, argmax(p / q) with q ~ Exp(1).
+`sample_from_probs` runs the race alone: the same tokens for the same generator state
+(tests/unit/test_sglang_hooks.py), less host and GPU time per decode step (docs/sglang.md). What
+the checks caught, NaN or negative probabilities, comes from NaN logits, which SGLang's
+`enable_nan_detection` guards. Seeded sampling (deterministic inference) keeps SGLang's path.
 
 How it gets into SGLang: SGLang loads "general plugins" (entry-point group `sglang.srt.plugins`)
 in each of its processes and applies the hooks they register (`HookRegistry`), the scheduler
