@@ -1,6 +1,6 @@
 """Weight sync plans: strategy choice, flattened buckets, IPC/NCCL call order (recording fakes), and
 the engine's release/resume bookkeeping (a recording fake sglang.Engine). The real engine is tested
-on the GPU (tests/gpu/test_sglang_rollout.py)."""
+on the GPU (tests/gpu/test_sglang_engine_gpu.py, test_sglang_megatron_sync.py)."""
 
 import pytest
 import torch
