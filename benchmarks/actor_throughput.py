@@ -163,7 +163,8 @@ def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = Fals
     """GPU-only trace of one train call, summarised; with `host`, a second call profiled with CPU
     activity and Python stacks adds the host side (it slows the host, so its GPU figures are not used)."""
     from torch.profiler import ProfilerActivity, profile
-    from trace_summary import load_events, summarize
+
+    from benchmarks.trace_summary import load_events, summarize
 
     trace.parent.mkdir(parents=True, exist_ok=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -4,8 +4,9 @@
   switched off with RLINF_MEGATRON_TE=off, else the TE-free one), with HF's norms exactly: one per
   HF norm tensor, none fused into the query projection (Moonlight has no query LoRA);
 - logprobs equal the HF model's (rlinf.models.logprobs) on the GPU-tiny checkpoint and on the
-  Moonlight-shaped slice: fp32 max |diff| <= 1e-3; bf16: the mean |diff| against HF fp32 is at
-  most 1.1x that of HF's own bf16 forward on the same tokens;
+  Moonlight-shaped slice: fp32 max |diff| <= 1e-3 (with TE, whose fp32 GEMMs run on TF32 tensor
+  cores: the mean |diff| at most 1.1x that of HF's forward with TF32 matmuls); bf16: the mean |diff|
+  against HF fp32 is at most 1.1x that of HF's own bf16 forward on the same tokens;
 - exported HF weights equal the checkpoint's tensors bit for bit before training;
 - one GRPO minibatch gives the same loss and grad norm as the torch actor (fp32);
 - offload frees the weights / grads / optimizer memory and onload restores identical logprobs;
@@ -89,13 +90,32 @@ def synthetic_batch(
     )
 
 
-def hf_logprobs(path: Path, precision: str, batch: RolloutBatch) -> torch.Tensor:
+def hf_logprobs(path: Path, precision: str, batch: RolloutBatch, *, tf32: bool = False) -> torch.Tensor:
+    """`tf32`: HF's fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation)."""
     from rlinf.models.hf_checkpoint import load_causal_lm
 
     model = load_causal_lm(str(path), precision=precision, device=torch.device("cuda"))
-    lp = recompute_logprobs(model, batch)
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        lp = recompute_logprobs(model, batch)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
     del model
     return lp.cpu()
+
+
+def te_fp32_gemm_error() -> float:
+    """Max relative error of Transformer Engine's fp32 Linear against an exact fp32 matmul: TE runs
+    pure-fp32 GEMMs on TF32 tensor cores (about 1e-3 relative), with no switch to turn that off."""
+    import transformer_engine.pytorch as te
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 1024, device="cuda", generator=g)
+    linear = te.Linear(1024, 1024, bias=False, params_dtype=torch.float32, device="cuda")
+    with torch.no_grad():
+        exact = torch.matmul(x.double(), linear.weight.double().t())
+        return ((linear(x).double() - exact).abs().max() / exact.abs().max()).item()
 
 
 def free() -> None:
@@ -109,8 +129,10 @@ def vocab_of(path: Path) -> int:
 
 
 def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: bool = False) -> None:
-    """fp32: against HF fp32. bf16: against HF fp32 (the exact values), and no worse than HF's own
-    bf16 run (two bf16 runs differ by rounding: MoE top-k near-ties flip, logits move in 1/16 steps)."""
+    """fp32: against HF fp32 (with TE, whose fp32 GEMMs are TF32: no worse than HF with TF32
+    matmuls). bf16: against HF fp32 (the exact values), and no worse than HF's own bf16 run (two bf16
+    runs differ by rounding: MoE top-k near-ties flip, logits move in 1/16 steps)."""
+    from rlinf.models.megatron import te_placeholder
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
     batch = synthetic_batch(vocab_of(path), response=32)
@@ -127,9 +149,27 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
         "tokens": int(mask.sum()),
     }
     assert torch.isfinite(got[mask]).all()
-    if precision == "fp32":
-        record(name, precision="fp32 vs HF fp32", **figures)
+    if precision == "fp32" and not te_placeholder.real_te_available():
+        record(name, precision="fp32 vs HF fp32", spec="te_free", **figures)
         assert diff.max().item() <= 1e-3
+        return
+    if precision == "fp32":
+        # TE's fp32 GEMMs are TF32: the bar is HF's own forward with TF32 matmuls, on the same tokens.
+        hf_tf32 = hf_logprobs(path, "fp32", batch, tf32=True)
+        hf_noise = (hf_tf32 - exact)[mask].abs()
+        record(
+            name,
+            precision="fp32 (TE: TF32 GEMMs) vs HF fp32",
+            spec="transformer_engine",
+            **figures,
+            te_fp32_linear_rel_error=te_fp32_gemm_error(),
+            hf_tf32_vs_hf_fp32_mean=hf_noise.mean().item(),
+            hf_tf32_vs_hf_fp32_max=hf_noise.max().item(),
+        )
+        assert diff.mean().item() <= 1.1 * hf_noise.mean().item(), (
+            diff.mean().item(),
+            hf_noise.mean().item(),
+        )
         return
     hf_bf16 = hf_logprobs(path, "bf16", batch)
     hf_noise = (hf_bf16 - exact)[mask].abs().mean().item()

@@ -151,9 +151,15 @@ def install() -> bool:
     if is_installed():
         return True
     if _real_te_imported():
-        raise RuntimeError(
-            f"{SWITCH_ENV}=off: Transformer Engine was imported already; set it before megatron is imported"
-        )
+        # Something else imported TE first (transformers' integrations may); megatron decides
+        # HAVE_TE on import, so TE can still be hidden from it unless megatron-core came first.
+        if "megatron.core" in sys.modules:
+            raise RuntimeError(
+                f"{SWITCH_ENV}=off: megatron-core was imported with Transformer Engine already; "
+                "set it before megatron is imported"
+            )
+        for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
     blocker = _Blocker()
     sys.meta_path.insert(0, blocker)
     try:
