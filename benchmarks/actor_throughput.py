@@ -121,7 +121,7 @@ def measure_te_free(argv: list[str]) -> dict:
         if flag in args:
             i = args.index(flag)
             del args[i : i + 2]
-    env = {**os.environ, "RLINF_MEGATRON_TE": "off"}
+    env = {**os.environ, "RLINF_MEGATRON_TE": "off", "MASTER_PORT": "29512"}  # the parent holds 29511
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.actor_throughput", *args, "--backends", "megatron"],
         env=env,

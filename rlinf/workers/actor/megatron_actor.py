@@ -103,7 +103,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl", device_id=self.device)
 
-        self.te_available = te_placeholder.real_te_available()
+        # Before any megatron import: megatron-core decides whether TE is there when first imported.
+        self.te_available = not te_placeholder.install()
         self.megatron_settings = translate(cfg.actor, te_available=self.te_available)
         for warning in self.megatron_settings.warnings:
             logger.warning(warning)
