@@ -115,7 +115,26 @@ def test_a_new_users_boba_file_runs_with_enough_prompt_length(tmp_path):
             "data error",
             "data.synthetic (train): 8 usable training prompt(s), fewer than data.rollout_batch_size=16",
         ),
-        (["algorithm.grup_size=3"], exit_codes.CONFIG, "config error", "unknown key 'algorithm.grup_size'"),
+        (
+            ["algorithm.grup_size=3"],
+            exit_codes.CONFIG,
+            "config error",
+            "command line (algorithm.grup_size=3): unknown key 'algorithm.grup_size'",
+        ),
+        (
+            ["actor.optim.lr=nan"],
+            exit_codes.CONFIG,
+            "config error",
+            "actor.optim.lr: nan is not a finite number",
+        ),
+        (
+            ["data.train_data_paths=[my.jsonl]"],
+            exit_codes.CONFIG,
+            "config error",
+            "data.train_data_paths: set to ('my.jsonl',), but this recipe ignores it (actor.training_backend=torch, "
+            "rollout.rollout_backend=torch, data.type=synthetic, 0 GPU(s)); it is honoured only by: data.type=math. "
+            "Remove the key, or choose data.type=math",
+        ),
         (
             ["rollout.gpu_memory_utilization=0.9"],
             exit_codes.CONFIG,
@@ -129,6 +148,8 @@ def test_a_new_users_boba_file_runs_with_enough_prompt_length(tmp_path):
         "unknown-tiny-model",
         "too-few-prompts",
         "unknown-key",
+        "nan-lr",
+        "data-file-for-synthetic",
         "ignored-key",
     ],
 )
@@ -137,17 +158,43 @@ def test_bad_recipe_data_or_model(tmp_path, overrides, code, label, fragment):
     assert list(tmp_path.iterdir()) == []
 
 
+def _latin1_line(tmp_path: Path) -> tuple[Path, str]:
+    data = tmp_path / "data" / "prompts.jsonl"
+    data.parent.mkdir()
+    good = b'{"prompt": "1+2=", "solutions": ["3"]}\n'
+    data.write_bytes(good + '{"prompt": "caf\xe9 1+1=", "solutions": ["2"]}\n'.encode("latin-1") + good)
+    return data, f"{data}:2: not UTF-8 text: byte 0xe9 at column 16"
+
+
+def _directory(tmp_path: Path) -> tuple[Path, str]:
+    data = tmp_path / "data"
+    data.mkdir()
+    return data, f"{data}: is a directory, not a data file"
+
+
+@pytest.mark.parametrize("make", [_latin1_line, _directory], ids=["not-utf8", "directory"])
+def test_a_bad_data_file_gives_one_line(tmp_path, make):
+    data, fragment = make(tmp_path)
+    files = ["data.type=math", f"data.train_data_paths=[{data}]", f"data.val_data_paths=[{data}]"]
+    assert_refused(main_grpo(tmp_path, *files), exit_codes.DATA, "data error", fragment)
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing written
+
+
 @pytest.fixture(scope="module")
 def saved_run(random_tiny_checkpoint, tmp_path_factory, ray_session) -> Path:
-    """A finished one-step run; each test gets a copy of its output folder to spoil."""
+    """A finished two-step run saved at both steps; each test gets a copy of its output folder to spoil."""
     out = tmp_path_factory.mktemp("saved_run")
-    assert run(small_config(random_tiny_checkpoint, out, **{"runner.max_steps": 1})) == 0
+    assert (
+        run(small_config(random_tiny_checkpoint, out, **{"runner.max_steps": 2, "runner.save_interval": 1}))
+        == 0
+    )
     return out
 
 
 def _copy(saved_run: Path, tmp_path: Path) -> Path:
+    """The latest checkpoint (step_2) of a copy of the saved run; step_1 is complete too."""
     shutil.copytree(saved_run, tmp_path, dirs_exist_ok=True)
-    return tmp_path / "results" / "it" / "checkpoints" / "step_1"
+    return tmp_path / "results" / "it" / "checkpoints" / "step_2"
 
 
 def _truncate_weights(checkpoint: Path) -> Path:
@@ -199,7 +246,7 @@ def test_bad_checkpoint_on_resume(saved_run, random_tiny_checkpoint, tmp_path, s
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     history = (tmp_path / "logs" / "metrics.jsonl").read_text()
     overrides = small_run_overrides(
-        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 2, "runner.resume_dir": "auto", **extra}
+        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 3, "runner.resume_dir": "auto", **extra}
     )
     line = assert_refused(
         main_grpo(tmp_path, *overrides), exit_codes.CHECKPOINT, "checkpoint error", fragment
@@ -207,4 +254,32 @@ def test_bad_checkpoint_on_resume(saved_run, random_tiny_checkpoint, tmp_path, s
     assert str(named) in line
     # nothing half-written: the same files, the metrics history untouched
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "logs" / "metrics.jsonl").read_text() == history
+
+
+def test_a_resume_that_fails_in_the_worker_names_the_checkpoint_before_it(
+    saved_run, random_tiny_checkpoint, tmp_path
+):
+    """The actor's optimizer state is read only by the worker: its failure names the last good
+    checkpoint, the complete one before the checkpoint that could not be loaded."""
+    checkpoint = _copy(saved_run, tmp_path)
+    state = checkpoint / "actor" / "actor_state.pt"
+    state.write_bytes(b"not a torch file")
+    root = checkpoint.parent
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    history = (tmp_path / "logs" / "metrics.jsonl").read_text()
+    overrides = small_run_overrides(
+        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 3, "runner.resume_dir": "auto"}
+    )
+    proc = main_grpo(tmp_path, *overrides)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == exit_codes.CHECKPOINT, output
+    assert "Traceback" not in output
+    stopped = [line for line in proc.stderr.splitlines() if line.startswith("run stopped:")]
+    assert len(stopped) == 1 and f"{state}: corrupt or incompatible actor state" in stopped[0], proc.stderr
+    assert (
+        f"last good checkpoint: {root / 'step_1'} (the resume checkpoint {checkpoint} could not be loaded)"
+        in proc.stderr.splitlines()
+    ), proc.stderr
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing lost
     assert (tmp_path / "logs" / "metrics.jsonl").read_text() == history
