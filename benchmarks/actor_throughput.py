@@ -271,7 +271,10 @@ def main() -> None:
         "megatron_moe_grouped_gemm": args.megatron_grouped_gemm,
         "model_tflop_per_call": flops / 1e12,
     }
-    runs = [(b, {}) for b in args.backends.split(",")]
+    # The TE-free child first: this process then holds no GPU memory yet (megatron keeps some after
+    # its actor is gone; both together ran out of the H200's 140 GiB on the slice).
+    backends = sorted(args.backends.split(","), key=lambda b: b != "megatron-te-free")
+    runs = [(b, {}) for b in backends]
     runs += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
     for name, overrides in runs:
         if name == "megatron-te-free":
