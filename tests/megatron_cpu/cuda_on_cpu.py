@@ -29,9 +29,29 @@ def _cpu(device):
     return device
 
 
+class _Event:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+    def wait(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 class _Stream:
     def __init__(self, *args, **kwargs) -> None:
         pass
+
+    def record_event(self, event=None) -> _Event:
+        return event or _Event()
 
     def wait_stream(self, *args, **kwargs) -> None:
         pass
@@ -77,10 +97,12 @@ def cuda_on_cpu():
         (torch.cuda, "synchronize"): lambda device=None: None,
         (torch.cuda, "empty_cache"): lambda: None,
         (torch.cuda, "Stream"): _Stream,
+        (torch.cuda, "Event"): _Event,
         (torch.cuda, "stream"): lambda stream: contextlib.nullcontext(),
         (torch.cuda, "current_stream"): lambda *args, **kwargs: _Stream(),
         (torch.cuda, "get_rng_state"): lambda device="cuda": torch.get_rng_state(),
         (torch.cuda, "set_rng_state"): lambda state, device="cuda": None,
+        (torch.cuda.random, "get_rng_state"): lambda device="cuda": torch.get_rng_state(),
     }
     saved = {key: getattr(*key) for key in patches}
     # `with torch.device(...)` only redirects the functions in torch's lru_cached set of device

@@ -1,26 +1,17 @@
-"""Transformer Engine-free layer spec pieces for DeepSeek-V3 / Moonlight (MLA + MoE) in megatron-core.
+"""Transformer Engine-free layer spec for DeepSeek-V3 / Moonlight (MLA + MoE) in megatron-core.
 
-megatron-core 0.19.2's local (TE-free) GPT spec cannot build MLA (seen on an H200 without TE):
-1. its core attention, `DotProductAttention`, has no `k_channels` / `v_channels` parameters, which
-   MLA passes (qk head dim 192 != v head dim 128) -> `SDPACoreAttention` here, on torch SDPA;
-2. with `q_lora_rank` null, the MLA QK-norm resolver asks the backend for a fused norm+linear
-   query projection, which the local backend does not have (it would also be a second norm: the
-   local spec already applies `input_layernorm`) -> `LocalMLASelfAttention` resolves the projections
-   and norms explicitly: plain column-parallel linears, `IdentityOp` as q_layernorm when
-   q_lora_rank is null, `RMSNorm` on the compressed KV (HF `kv_a_layernorm`);
-3. its torch norm wrapper refuses sequence parallelism -> `RMSNorm` here, computed like the HF
-   model (fp32 statistics, cast back, then the weight) and marked for megatron's sequence-parallel
-   grad all-reduce.
+megatron-core's local (TE-free) GPT spec cannot build MLA as the HF model computes it, so this
+module swaps in:
+- `SDPACoreAttention`: causal attention on torch SDPA that accepts qk head dim != v head dim
+  (megatron's `DotProductAttention` takes no `k_channels` / `v_channels`); padded or packed THD
+  sequences; no context parallelism;
+- `LocalMLASelfAttention`: plain column-parallel projections and explicit norms (no fused query
+  norm when `q_lora_rank` is null: HF normalises once, in `input_layernorm`), and a full gradient
+  for the RoPE key at TP > 1 (`_qkv_down_projection`);
+- `RMSNorm`: HF's DeepseekV3RMSNorm arithmetic, usable under sequence parallelism.
 
-`te_free_block_spec(config)` is megatron-core's own decoder block spec (dense first layer, MoE
-layers with routed experts as SequentialMLP and shared experts) with those pieces swapped in;
-`grouped_experts=True` also replaces SequentialMLP by rlinf's grouped-GEMM experts
-(rlinf.models.megatron.grouped_experts). The actor uses it only when the real Transformer Engine is
-not importable; with TE the bridge's own TE spec is kept.
-
-Limits of the TE-free attention: no context parallelism. The actor feeds right-padded sequences
-(the causal mask alone keeps real tokens from seeing padding) or, with `actor.pack_sequences`,
-packed THD sequences, each attending to itself (one SDPA call per sequence).
+`te_free_block_spec(config)` is megatron-core's decoder block spec with those pieces;
+`grouped_experts=True` also gives the MoE layers rlinf's grouped-GEMM experts.
 """
 
 from __future__ import annotations
@@ -32,6 +23,11 @@ import functools
 import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -51,7 +47,7 @@ class RMSNorm(torch.nn.Module):
             torch.ones(hidden_size, dtype=config.params_dtype, device=_init_device(config))
         )
         # Under sequence parallelism each TP rank sees a slice of the tokens, so the weight's grad
-        # is partial; megatron all-reduces grads of parameters carrying this flag over TP.
+        # is partial; megatron all-reduces over TP the grads of parameters with this flag.
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -170,6 +166,30 @@ class LocalMLASelfAttention(MLASelfAttention):
             "q_layernorm": norm if has_q_lora else IdentityOp,
             "kv_layernorm": norm,
         }
+
+    def _qkv_down_projection(self, hidden_states):
+        """The down projections, with the compressed KV and RoPE key returned whole (last dim
+        kv_lora_rank + rope dim), so megatron-core takes its path for an unsharded KV down projection.
+
+        The column-parallel `linear_kv_down_proj` gives each TP rank a slice of that dim. megatron-core
+        then all-gathers it, and each rank uses the RoPE key for its own heads only; the gather's
+        backward only splits, so the RoPE rows of the KV down projection would get the gradient of
+        1/TP of the heads (upstream Megatron-LM issue 1699). Here the backward sums over TP ranks:
+        - with sequence parallelism, the gathered tensor is scattered back over the sequence and
+          megatron-core gathers the RoPE key over the sequence, whose backward reduce-scatters (sums);
+        - without it, the RoPE key passes an identity whose backward all-reduces. The compressed KV
+          needs no such sum: the column-parallel up projection already all-reduces its input grad.
+        """
+        q_compressed, kv_combined = super()._qkv_down_projection(hidden_states)
+        rope_dim = self.config.qk_pos_emb_head_dim
+        if kv_combined.size(-1) == self.config.kv_lora_rank + rope_dim:
+            return q_compressed, kv_combined
+        kv_combined = gather_from_tensor_model_parallel_region(kv_combined, group=self.tp_group)
+        if self.config.sequence_parallel:
+            return q_compressed, scatter_to_sequence_parallel_region(kv_combined, group=self.tp_group)
+        kv_compressed, k_pos_emb = torch.split(kv_combined, [self.config.kv_lora_rank, rope_dim], dim=-1)
+        k_pos_emb = copy_to_tensor_model_parallel_region(k_pos_emb, group=self.tp_group)
+        return q_compressed, torch.cat([kv_compressed, k_pos_emb], dim=-1)
 
 
 def te_free_block_spec(config, vp_stage: int | None = None, *, grouped_experts: bool = False):

@@ -77,17 +77,33 @@ def _without_psutil_memory_log() -> None:
         filesystem_async._process_memory = lambda: 0
 
 
+@contextmanager
+def loss_scale_frozen(optimizer):
+    """The fp16 loss scalers of a megatron (chained) optimizer keep their scale and counters."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    scalers = list({id(s): s for p in parts if (s := getattr(p, "grad_scaler", None)) is not None}.values())
+    for scaler in scalers:
+        scaler.update = lambda found_inf: None  # shadows the class's method on this instance
+    try:
+        yield
+    finally:
+        for scaler in scalers:
+            del scaler.update
+
+
 class MegatronActor(ActorWorker, PolicyUpdateBackend):
     INITS_PROCESS_GROUP = True
 
-    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1, device: str = "cuda") -> None:
+        """`device="cpu"` joins a gloo group instead of NCCL: only for the multi-process CPU tests
+        (tests/megatron_cpu/many_ranks.py), which also put megatron-core's CUDA calls on the CPU."""
         import torch.distributed as dist
 
         from rlinf.models.megatron import te_placeholder
         from rlinf.models.megatron.settings import translate
         from rlinf.models.tiny import resolve_model_path
 
-        if not torch.cuda.is_available():
+        if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("actor.training_backend=megatron needs a CUDA GPU (none visible)")
         if cfg.algorithm.kl_beta > 0:
             raise ValueError(
@@ -96,12 +112,17 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             )
         self.cfg = cfg
         _set_default_dist_env(rank, world_size)
-        # Ray shows each rank one GPU; under torchrun every GPU is visible and LOCAL_RANK picks one.
-        index = int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0
-        torch.cuda.set_device(index)
-        self.device = torch.device("cuda", index)
-        if not dist.is_initialized():
-            dist.init_process_group(backend="nccl", device_id=self.device)
+        if device == "cuda":
+            # Ray shows each rank one GPU; under torchrun every GPU is visible and LOCAL_RANK picks one.
+            index = int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
+            if not dist.is_initialized():
+                dist.init_process_group(backend="nccl", device_id=self.device)
+        else:
+            self.device = torch.device("cpu")
+            if not dist.is_initialized():
+                dist.init_process_group(backend="gloo")
 
         # Before any megatron import: megatron-core decides whether TE is there when first imported.
         self.te_available = not te_placeholder.install()
@@ -361,7 +382,10 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         lr = self.cfg.actor.optim.lr * self.lr_at(self.optimizer_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        # step() prepares the grads again (copy to the main grads, unscale): the same values as in
+        # clip_grad_norm, but fp16's loss scaler must move once per step, and it already has.
+        with loss_scale_frozen(self.optimizer):
+            self.optimizer.step()
         self.optimizer_steps += 1
 
     def current_lr(self) -> float:
