@@ -125,10 +125,10 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
             "actor.model.pipeline_model_parallel_size: this actor runs pipeline parallel size 1 only "
             f"(got {m.pipeline_model_parallel_size}); use tensor / expert parallelism"
         )
-    if m.context_parallel_size != 1 and not te_available:
+    if m.context_parallel_size != 1:
         problems.append(
-            "actor.model.context_parallel_size: context parallelism needs Transformer Engine attention "
-            f"(got {m.context_parallel_size}; the TE-free SDPA attention has none)"
+            f"actor.model.context_parallel_size: {m.context_parallel_size}; this actor runs context parallel "
+            "size 1 only (it does not split sequences over CP ranks); use tensor / expert parallelism"
         )
     if not m.multi_latent_attention:
         problems.append("actor.model.multi_latent_attention: DeepSeek-V3 / Moonlight checkpoints are MLA")
