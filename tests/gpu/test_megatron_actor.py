@@ -4,8 +4,8 @@
   switched off with RLINF_MEGATRON_TE=off, else the TE-free one), with HF's norms exactly: one per
   HF norm tensor, none fused into the query projection (Moonlight has no query LoRA);
 - logprobs equal the HF model's (rlinf.models.logprobs) on the GPU-tiny checkpoint and on the
-  Moonlight-shaped slice: fp32 max |diff| <= 1e-3 (with TE, whose fp32 GEMMs run on TF32 tensor
-  cores: the mean |diff| at most 1.1x that of HF's forward with TF32 matmuls); bf16: the mean |diff|
+  Moonlight-shaped slice: fp32 max |diff| <= 1e-3 (TE included, whose fp32 GEMMs run on TF32
+  tensor cores: its record carries HF's own TF32 error for comparison); bf16: the mean |diff|
   against HF fp32 is at most 1.1x that of HF's own bf16 forward on the same tokens;
 - exported HF weights equal the checkpoint's tensors bit for bit before training;
 - one GRPO minibatch gives the same loss and grad norm as the torch actor (fp32);
@@ -129,8 +129,8 @@ def vocab_of(path: Path) -> int:
 
 
 def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: bool = False) -> None:
-    """fp32: against HF fp32 (with TE, whose fp32 GEMMs are TF32: no worse than HF with TF32
-    matmuls). bf16: against HF fp32 (the exact values), and no worse than HF's own bf16 run (two bf16
+    """fp32: against HF fp32, max |diff| <= 1e-3 (with TE, whose fp32 GEMMs run on TF32 tensor cores,
+    the record also carries HF's own TF32 error for comparison). bf16: against HF fp32 (the exact values), and no worse than HF's own bf16 run (two bf16
     runs differ by rounding: MoE top-k near-ties flip, logits move in 1/16 steps)."""
     from rlinf.models.megatron import te_placeholder
     from rlinf.workers.actor.megatron_actor import MegatronActor
@@ -167,12 +167,8 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
             hf_tf32_vs_hf_fp32_mean=hf_noise.mean().item(),
             hf_tf32_vs_hf_fp32_max=hf_noise.max().item(),
         )
-        if gemm_error < 1e-5:  # TE's GEMMs are exact fp32 after all: the fp32 bar holds
-            assert diff.max().item() <= 1e-3
-        assert diff.mean().item() <= 1.1 * hf_noise.mean().item(), (
-            diff.mean().item(),
-            hf_noise.mean().item(),
-        )
+        # The issue's fp32 bar holds for TE too; the TF32 figures above say why TE misses it.
+        assert diff.max().item() <= 1e-3, figures
         return
     hf_bf16 = hf_logprobs(path, "bf16", batch)
     hf_noise = (hf_bf16 - exact)[mask].abs().mean().item()
