@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlinf.config import DEFAULT_RECIPE, exit_codes, load_config, save_resolved_config
-from rlinf.utils.signals import Stopped, stop_on_sigterm
+from rlinf.utils.signals import stop_on_sigterm, stopped_by
 from rlinf.workers.backends import BackendUnavailableError, check_backends
 
 logger = logging.getLogger("rlinf")
@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     try:
         return _main(argv)
-    except Stopped as stop:  # before any checkpoint could be written (after it, run() reports)
+    except KeyboardInterrupt as err:  # before Ray started (after it, _train reports)
+        stop = stopped_by(err)
+        if stop is None:  # Ctrl-C: main_grpo.py says "interrupted"
+            raise
         print(f"{stop}: the run had not started training; nothing was saved", file=sys.stderr)
         return 128 + stop.signum
 
@@ -190,7 +193,10 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
     except CheckpointSaveError as err:
         print(f"checkpoint error: {err}\nlast good checkpoint: {last_good() or 'none'}", file=sys.stderr)
         return exit_codes.CHECKPOINT
-    except Stopped as stop:
+    except KeyboardInterrupt as err:
+        stop = stopped_by(err)
+        if stop is None:
+            raise
         print(
             f"{stop}: the run stopped before it could save\nlast good checkpoint: {last_good() or 'none'}",
             file=sys.stderr,

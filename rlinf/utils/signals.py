@@ -9,9 +9,12 @@ import threading
 from contextlib import contextmanager
 
 
-class Stopped(BaseException):
+class Stopped(KeyboardInterrupt):
     """SIGTERM where no step can be finished and saved (start-up, the final save, shutdown).
-    A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    A KeyboardInterrupt, so that no `except Exception` swallows it, and because Ray's blocking
+    calls (ray.get, ray.wait) handle only KeyboardInterrupt from a signal handler: they raise a
+    plain one in its place (see `stopped_by`) and turn any other exception into an internal error."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -19,8 +22,22 @@ class Stopped(BaseException):
         super().__init__(f"stopped by {self.signal_name}")
 
 
+_received: list[int] = []  # the SIGTERMs Stopped was raised for
+
+
 def _raise_stopped(signum, _frame) -> None:
+    _received.append(signum)
     raise Stopped(signum)
+
+
+def stopped_by(err: BaseException) -> Stopped | None:
+    """The Stopped that `err` stands for: itself, or the plain KeyboardInterrupt a Ray call raised in
+    its place; None for a real Ctrl-C."""
+    if isinstance(err, Stopped):
+        return err
+    if isinstance(err, KeyboardInterrupt) and _received:
+        return Stopped(_received[-1])
+    return None
 
 
 def stop_on_sigterm() -> None:
