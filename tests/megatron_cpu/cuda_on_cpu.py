@@ -72,6 +72,22 @@ def _on_cpu_factory(factory):
     return make
 
 
+def _with_listed_splits(all_to_all_single):
+    """megatron's MoE dispatcher moves its all-to-all split sizes to the host only from CUDA
+    tensors (as numpy arrays); on the CPU they stay tensors, which gloo's binding refuses."""
+
+    @functools.wraps(all_to_all_single)
+    def call(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+        def listed(sizes):
+            return sizes.tolist() if isinstance(sizes, torch.Tensor) else sizes
+
+        return all_to_all_single(
+            output, input, listed(output_split_sizes), listed(input_split_sizes), *args, **kwargs
+        )
+
+    return call
+
+
 @contextlib.contextmanager
 def cuda_on_cpu():
     to, tensor_type = torch.Tensor.to, torch.Tensor.type
@@ -103,6 +119,7 @@ def cuda_on_cpu():
         (torch.cuda, "get_rng_state"): lambda device="cuda": torch.get_rng_state(),
         (torch.cuda, "set_rng_state"): lambda state, device="cuda": None,
         (torch.cuda.random, "get_rng_state"): lambda device="cuda": torch.get_rng_state(),
+        (torch.distributed, "all_to_all_single"): _with_listed_splits(torch.distributed.all_to_all_single),
     }
     saved = {key: getattr(*key) for key in patches}
     # `with torch.device(...)` only redirects the functions in torch's lru_cached set of device
