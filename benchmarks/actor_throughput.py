@@ -26,7 +26,7 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                                    # process with RLINF_MEGATRON_TE=off (the same run, the same GPU)
         [--megatron-variants gradient_accumulation_fusion=false,moe_permute_fusion=false]
                                    # one more Megatron run per entry, with that provider setting
-                                   # (rlinf.models.megatron.settings) changed: each fusion's share
+                                   # (rlinf.config.megatron_settings) changed: each fusion's share
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -89,7 +89,7 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
 @contextlib.contextmanager
 def provider_overrides(overrides: dict):
     """Megatron actors built inside get `overrides` on top of the recipe's provider settings."""
-    import rlinf.models.megatron.settings as settings
+    import rlinf.config.megatron_settings as settings
 
     translate = settings.translate
 

@@ -214,8 +214,7 @@ def check_megatron_settings(cfg: Config) -> None:
     """Parallelism and optimizer-precision choices megatron-core cannot run (fp32/fp16 masters only)."""
     if cfg.actor.training_backend != "megatron":
         return
-    # Imported here: the translation module lives with the Megatron code (it imports no megatron).
-    from rlinf.models.megatron.settings import model_problems, precision_problems
+    from rlinf.config.megatron_settings import model_problems, precision_problems
 
     # TE presence is decided on the worker; here assume it, so only recipe-level problems show.
     problems = model_problems(cfg.actor, te_available=True) + precision_problems(cfg.actor.optim)

@@ -12,7 +12,7 @@ VOCAB = 64
 
 def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False):
     """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
-    from rlinf.models.megatron.settings import translate
+    from rlinf.config.megatron_settings import translate
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.actor.policy_update import SkipCounter
     from rlinf.workers.actor.torch_actor import lr_multiplier

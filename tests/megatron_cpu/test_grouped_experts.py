@@ -248,9 +248,9 @@ def hf_checkpoint(tmp_path_factory):
 
 def bridge_model(path, *, grouped_gemm: bool):
     """(bridge, GPTModel on the CPU with the checkpoint's weights), the actor's TE-free settings."""
+    from rlinf.config.megatron_settings import translate
     from rlinf.config.schema import ActorConfig, ModelConfig
     from rlinf.models.megatron.bridge import provider_for
-    from rlinf.models.megatron.settings import translate
 
     # The alltoall dispatcher makes CUDA streams; allgather hands the experts the same contract.
     model = ModelConfig(

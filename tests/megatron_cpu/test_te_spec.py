@@ -88,9 +88,9 @@ def test_with_a_query_lora_the_resolution_is_megatrons_own(model_parallel):
 
 
 def test_the_layer_spec_is_the_te_spec_with_transformer_engine_and_the_te_free_one_without():
+    from rlinf.config.megatron_settings import translate
     from rlinf.config.schema import ActorConfig, ModelConfig
     from rlinf.models.megatron.bridge import layer_spec, spec_name
-    from rlinf.models.megatron.settings import translate
     from rlinf.models.megatron.spec import te_free_block_spec
     from rlinf.models.megatron.te_spec import te_block_spec
 
@@ -117,9 +117,9 @@ def test_moonlights_plain_rope_reaches_megatron_as_yarn_with_factor_one(
     """Why the MLA RoPE fusion (YaRN-only in megatron-core 0.19) applies to Moonlight: the bridge
     gives a checkpoint without rope scaling YaRN with scaling factor 1 and mscale 1 (the plain
     rotation), and the config accepts the fusion."""
+    from rlinf.config.megatron_settings import translate
     from rlinf.config.schema import ActorConfig, ModelConfig
     from rlinf.models.megatron.bridge import provider_for
-    from rlinf.models.megatron.settings import translate
 
     actor = ActorConfig(
         training_backend="megatron", model=ModelConfig(model_path=str(tiny_megatron_checkpoint))

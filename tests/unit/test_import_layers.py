@@ -36,9 +36,6 @@ BACKENDS = {
 ALLOWED = {
     # lr_multiplier belongs below both actors; megatron_actor.py's owner moves it.
     ("rlinf.workers.actor.megatron_actor", "rlinf.workers.actor.torch_actor"),
-    # The recipe-level Megatron refusals (model_problems, precision_problems and their constants)
-    # belong in rlinf/config, imported by settings.py; settings.py's owner moves them.
-    ("rlinf.config.validate", "rlinf.models.megatron.settings"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Recipe -> Megatron settings (rlinf.models.megatron.settings): pure translation, no megatron needed."""
+"""Recipe -> Megatron settings (rlinf.config.megatron_settings): pure translation, no megatron needed."""
 
 import types
 from dataclasses import replace
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rlinf.config import ConfigError, load_config
+from rlinf.config.megatron_settings import MegatronSettingsError, precision_problems, translate
 from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
-from rlinf.models.megatron.settings import MegatronSettingsError, precision_problems, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONLIGHT = ROOT / "examples/reasoning/config/math/moonlight-16b-grpo-megatron.yaml"

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from rlinf.config.megatron_settings import translate
 from rlinf.config.schema import ActorConfig, ModelConfig
 from rlinf.models.megatron import te_placeholder
 from rlinf.models.megatron.bridge import SPEC_RECORD_FILE, announce_spec
-from rlinf.models.megatron.settings import translate
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rlinf.config.megatron_settings import MegatronSettings
 from rlinf.models.megatron import te_placeholder
-from rlinf.models.megatron.settings import MegatronSettings
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ LOCAL_RANK and this class joins the NCCL group itself (`INITS_PROCESS_GROUP`), t
 model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
 
 - Model: AutoBridge.from_hf_pretrained -> to_megatron_provider + a strict HF weight load -> recipe
-  settings (rlinf.models.megatron.settings) -> finalize -> provide_distributed_model (megatron DDP,
+  settings (rlinf.config.megatron_settings) -> finalize -> provide_distributed_model (megatron DDP,
   Float16Module). The layer spec is rlinf.models.megatron.te_spec's with Transformer Engine, else
   rlinf.models.megatron.spec's (TE-free); rank 0 prints which and writes it to the logs folder.
 - Logprobs: sequences are re-packed right-padded (positions 0..L-1, causal attention, no mask),
@@ -99,8 +99,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         (tests/megatron_cpu/many_ranks.py), which also put megatron-core's CUDA calls on the CPU."""
         import torch.distributed as dist
 
+        from rlinf.config.megatron_settings import translate
         from rlinf.models.megatron import te_placeholder
-        from rlinf.models.megatron.settings import translate
         from rlinf.models.tiny import resolve_model_path
 
         if device == "cuda" and not torch.cuda.is_available():

@@ -31,7 +31,7 @@ from rlinf.config.schema import ActorConfig, OptimConfig
 
 MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
-TE_FREE_MOMENT_DTYPES = ("fp32", "bf16")  # rlinf's CompactAdamW (rlinf.workers.actor.compact_adamw)
+TE_FREE_MOMENT_DTYPES = ("fp32", "bf16")  # rlinf's CompactAdamW (rlinf.models.megatron.compact_adamw)
 GRAD_DTYPES = ("fp32", "bf16")
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}
 RECOMPUTE_GRANULARITIES = (None, "selective", "full")
