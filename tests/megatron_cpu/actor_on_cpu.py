@@ -12,10 +12,10 @@ VOCAB = 64
 
 def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False):
     """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
+    from rlinf.algorithms.lr_schedule import lr_multiplier
     from rlinf.config.megatron_settings import translate
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.actor.policy_update import SkipCounter
-    from rlinf.workers.actor.torch_actor import lr_multiplier
 
     model = ModelConfig(model_path=str(path), precision=precision, moe_token_dispatcher_type="allgather")
     optim = OptimConfig(

@@ -33,10 +33,7 @@ BACKENDS = {
 }
 
 # Arrows the layers forbid that are still in the tree, each with who removes it. Empty is the goal.
-ALLOWED = {
-    # lr_multiplier belongs below both actors; megatron_actor.py's owner moves it.
-    ("rlinf.workers.actor.megatron_actor", "rlinf.workers.actor.torch_actor"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def modules(root: Path = RLINF) -> dict[str, Path]:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from rlinf.algorithms.lr_schedule import lr_multiplier
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.models.megatron.adam_state import adam_step_count, ensure_adam_states, set_adam_steps
@@ -50,7 +51,6 @@ from rlinf.workers.actor.policy_update import (
     micro_batch_rows,
     run_policy_update,
 )
-from rlinf.workers.actor.torch_actor import lr_multiplier
 
 logger = logging.getLogger(__name__)
 

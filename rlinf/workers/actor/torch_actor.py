@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from rlinf.algorithms.lr_schedule import lr_multiplier
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.models.logprobs import response_logprobs
@@ -34,19 +35,10 @@ from rlinf.workers.actor.policy_update import (
 )
 from rlinf.workers.common import configure_threads, cpu_weights, load_policy, worker_device
 
-__all__ = ["TorchActor", "TrainingDivergedError", "lr_multiplier"]
+__all__ = ["TorchActor", "TrainingDivergedError"]
 
 ACTOR_STATE_FILE = "actor_state.pt"
 MODEL_DIR = "model"
-
-
-def lr_multiplier(decay_style: str, warmup_steps: int):
-    def multiplier(optimizer_step: int) -> float:
-        if decay_style == "warmup_constant" and warmup_steps > 0:
-            return min(1.0, (optimizer_step + 1) / warmup_steps)
-        return 1.0
-
-    return multiplier
 
 
 class TorchActor(ActorWorker, PolicyUpdateBackend):
