@@ -132,15 +132,13 @@ class ActorGroup(GroupFacade):
         self.group.call("load", directory)
 
     def offload(self) -> dict[str, float]:
-        """Collective; a backend may return metrics (e.g. memory freed), merged over the reporting ranks."""
-        return self._reported_metrics(self.group.call("offload"))
+        """Collective; the reporting ranks' metrics (e.g. memory freed), averaged."""
+        results = self.group.call("offload")
+        reported = [results[rank] for rank in self.reporting_ranks]
+        return merge_metrics(reported, [1.0] * len(reported))
 
-    def onload(self) -> dict[str, float]:
-        return self._reported_metrics(self.group.call("onload"))
-
-    def _reported_metrics(self, results: list) -> dict[str, float]:
-        dicts = [results[rank] for rank in self.reporting_ranks if isinstance(results[rank], dict)]
-        return merge_metrics(dicts, [1.0] * len(dicts)) if dicts else {}
+    def onload(self) -> None:
+        self.group.call("onload")
 
 
 class RolloutGroup(GroupFacade):

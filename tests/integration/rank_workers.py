@@ -75,9 +75,9 @@ class JournalingTorchActor(TorchActor):
         _journal(self.cfg, "actor.onload")
         super().onload()
 
-    def offload(self) -> None:
+    def offload(self) -> dict[str, float]:
         _journal(self.cfg, "actor.offload")
-        super().offload()
+        return super().offload()
 
     def compute_logprobs(self, batch):
         _journal(self.cfg, "actor.compute_logprobs")

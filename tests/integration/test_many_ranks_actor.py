@@ -50,6 +50,8 @@ def train_once(cfg, batch, workers: int):
         actor = ActorGroup(group)
         with_logprobs = actor.compute_logprobs(batch)
         metrics = actor.train(with_logprobs, step=1)
+        # offload's contract: metrics from every rank ({} on the CPU: nothing moves)
+        assert group.call("offload") == [{}] * workers
         return with_logprobs, metrics, group.call("named_weights")
     finally:
         group.kill()

@@ -8,11 +8,13 @@ facade which rank stands for which rows and which ranks report.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 import torch
 
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
+from rlinf.weight_sync.exporter import WeightExporter, dispatch
 from rlinf.workers.actor.policy_update import DPInfo
 
 WeightBucket = list[tuple[str, torch.Tensor]]
@@ -20,6 +22,7 @@ WeightBucket = list[tuple[str, torch.Tensor]]
 
 class ActorWorker(ABC):
     cfg: Config
+    _weight_exporter: WeightExporter | None = None
 
     @property
     def temperature(self) -> float:
@@ -49,6 +52,19 @@ class ActorWorker(ABC):
         Megatron's export is collective (every rank must drain it); the torch actor's is not."""
 
     @abstractmethod
+    def device_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor on this rank's device) for every weight, one at a time; a fresh
+        pass per call. Collective where the backend shards weights (every rank must drain it)."""
+
+    def weight_export(self, verb: str, *args):
+        """The GPU weight sync verbs (CUDA IPC / NCCL to SGLang) over `device_weights`; see
+        rlinf.weight_sync.exporter. The exporter lives as long as the actor: it keeps the NCCL
+        weight-update group between syncs."""
+        if self._weight_exporter is None:
+            self._weight_exporter = WeightExporter(self.device_weights)
+        return dispatch(self._weight_exporter, verb, *args)
+
+    @abstractmethod
     def save(self, directory: str) -> None:
         """Weights (HF format where possible), optimizer, LR schedule and RNG state. Collective:
         every rank is called with the same directory and writes its shard (or nothing)."""
@@ -58,8 +74,10 @@ class ActorWorker(ABC):
         """Restore what save wrote (collective); errors name the missing or corrupt file."""
 
     @abstractmethod
-    def offload(self) -> None:
-        """Colocated runs: free accelerator memory for the rollout phase."""
+    def offload(self) -> dict[str, float]:
+        """Colocated runs: free accelerator memory for the rollout phase. Collective. Returns
+        metrics for the step's log (`actor/offload_freed_gib` where a GPU was freed; {} where
+        nothing moved)."""
 
     @abstractmethod
     def onload(self) -> None:

@@ -141,7 +141,6 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         self.optimizer_steps = 0
         self.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
         self._conversion_tasks = None
-        self._weight_exporter = None
         self.offloaded = False
 
     # --- construction ------------------------------------------------------------------------------
@@ -424,16 +423,11 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             buckets.append(current)
         return buckets
 
-    def weight_export(self, verb: str, *args):
-        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang; rlinf.weight_sync.exporter). `next_bucket`
-        is collective: Megatron-Bridge gathers each full HF tensor onto every rank's GPU, so each rank
-        packs the same bucket and its IPC handle points at a copy on its own GPU (the driver pairs it
-        with the engine TP rank on that GPU)."""
-        from rlinf.weight_sync.exporter import WeightExporter, dispatch
-
-        if self._weight_exporter is None:
-            self._weight_exporter = WeightExporter(lambda: self.iter_hf_weights(cpu=False))
-        return dispatch(self._weight_exporter, verb, *args)
+    def device_weights(self):
+        """Collective: Megatron-Bridge gathers each full HF tensor onto every rank's GPU, so in a
+        weight sync each rank packs the same bucket and its IPC handle points at a copy on its own
+        GPU (the driver pairs it with the engine TP rank on that GPU)."""
+        return self.iter_hf_weights(cpu=False)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor for bucket in self.export_weights(2**62) for name, tensor in bucket}

@@ -10,6 +10,7 @@ the model computes in that dtype and AdamW updates fp32 master weights (mixed_pr
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,19 +178,18 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             for bucket in iter_weight_buckets(self.model, bucket_bytes)
         ]
 
-    def weight_export(self, verb: str, *args):
-        """GPU weight sync verbs (CUDA IPC / NCCL to SGLang); see rlinf.weight_sync.exporter."""
+    def device_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         from rlinf.models.weights import checkpoint_tensors
-        from rlinf.weight_sync.exporter import WeightExporter, dispatch
 
-        if not hasattr(self, "_weight_exporter"):
-            self._weight_exporter = WeightExporter(lambda: checkpoint_tensors(self.model))
-        return dispatch(self._weight_exporter, verb, *args)
+        return checkpoint_tensors(self.model)
 
-    def offload(self) -> None:
-        if self.device.type == "cuda":
-            self._move_to(torch.device("cpu"))
-            torch.cuda.empty_cache()
+    def offload(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        before = torch.cuda.memory_allocated()
+        self._move_to(torch.device("cpu"))
+        torch.cuda.empty_cache()
+        return {"actor/offload_freed_gib": (before - torch.cuda.memory_allocated()) / 2**30}
 
     def onload(self) -> None:
         if self.device.type == "cuda":
