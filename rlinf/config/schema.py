@@ -75,7 +75,7 @@ class AlgorithmConfig:
     entropy_bonus: float = 0.0  # doc: entropy coefficient subtracted from the loss
     early_stop_imp_ratio: float | None = None  # doc: drop a minibatch whose mean pi/pi_old exceeds this
     rollout_is: RolloutISConfig = field(default_factory=RolloutISConfig)  # doc: mismatch correction
-    # doc: false: the rollout's own logprobs serve as pi_old and the actor's logprob recompute is skipped (17% of a whole Moonlight-slice step on one H200, docs/benchmarks.md); refused with algorithm.rollout_is or kl_beta > 0, which need the actor's forward; rollout/logprob_abs_diff is then not reported
+    # doc: false: the rollout's own logprobs serve as pi_old and the actor's logprob recompute is skipped (docs/rollout.md); refused with algorithm.rollout_is or kl_beta > 0, which need the actor's forward; rollout/logprob_abs_diff is then not reported
     recompute_logprobs: bool = True
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)  # doc: rollout sampling
     val_n: int = 1  # doc: samples per validation problem (mean@k, pass@k); greedy pass@1 always

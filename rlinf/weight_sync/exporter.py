@@ -77,7 +77,7 @@ class WeightExporter:
         return gpu_uuid(torch.cuda.current_device())
 
     def ipc_handle(self) -> bytes:
-        """The current bucket as SGLang's flattened_bucket payload: the bytes carry a CUDA IPC
+        """The current bucket as SGLang's flattened_bucket payload: the bytes hold a CUDA IPC
         handle of this rank's buffer (GPU named by UUID), not the data."""
         flat, meta = self._current()
         from sglang.srt.utils import MultiprocessingSerializer

@@ -3,11 +3,9 @@
 `import megatron.core` (0.19) replaces `torch.storage._load_from_bytes` with its own weights-only
 loader, `megatron.core.safe_globals.safe_load_from_bytes`. Pickle names a function by its module
 and qualified name, so from then on every tensor that process pickles (every Ray result: logprobs,
-metrics, weight-sync handles) names megatron-core, and whichever process unpickles it imports
-megatron-core first. Seen on the H200: the driver imported it on the actor's first results, the
-SGLang rollout on its first weight sync, and the reward worker, handed a batch the driver pickled
-after that, spent 7-8 s of step 2's reward phase importing it (0.03 s in step 1). A process
-without megatron-core installed could not load those batches at all.
+metrics, weight-sync handles) names megatron-core, and whichever process unpickles it (the driver,
+the SGLang rollout, and any process the driver forwards those tensors to) imports megatron-core
+first: seconds of a step spent importing, and a process without megatron-core cannot load them.
 
 `keep_tensor_pickles_portable()` puts megatron's loader back under torch's own name: this process
 still loads storages weights-only (megatron's safety measure stays), and what it pickles names
