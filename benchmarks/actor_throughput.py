@@ -142,9 +142,11 @@ def measure(
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
         from rlinf.workers.actor.torch_actor import TorchActor as Actor  # type: ignore[assignment]
+    from rlinf.workers.actor.base import with_logprobs
+
     actor = Actor(replace(cfg, actor=replace(cfg.actor, training_backend=backend)))
     spec = getattr(actor, "spec", None)
-    data = actor.compute_logprobs(data)
+    data = with_logprobs(data, [actor.compute_logprobs(data)])
     actor.train(data, step=0)
     torch.cuda.synchronize()
     start = time.perf_counter()

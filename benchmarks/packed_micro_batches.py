@@ -64,6 +64,7 @@ def main() -> None:
 
     from rlinf.config import load_config
     from rlinf.models.tiny import build_tiny_checkpoint
+    from rlinf.workers.actor.base import with_logprobs
     from rlinf.workers.actor.micro_batches import micro_batch_cost
     from rlinf.workers.actor.policy_update import micro_batch_rows, row_lengths
     from rlinf.workers.actor.torch_actor import TorchActor
@@ -101,7 +102,7 @@ def main() -> None:
         result["device"] = str(actor.device)
         plan = micro_batch_rows(actor, data, actor.settings)
         ran = sum(micro_batch_cost([lengths[i] for i in rows], pack) for rows in plan)
-        batch = actor.compute_logprobs(data)
+        batch = with_logprobs(data, [actor.compute_logprobs(data)])
         actor.train(batch, step=1)  # warm-up, and the step the two modes must agree on
         weights[mode] = actor.named_weights()
         began = time.perf_counter()

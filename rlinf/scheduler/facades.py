@@ -2,8 +2,9 @@
 
 - `ActorGroup`: every rank receives the whole batch through ONE object-store reference (ray.put
   once) and takes its own data-parallel rows (the backend's `dp_info()`; see
-  rlinf.workers.actor.base). `compute_logprobs` concatenates the reporting ranks' rows in dp-rank
-  order; `train` returns one reporting rank's metrics (already all-reduced inside the update);
+  rlinf.workers.actor.base). `compute_logprobs` places the reporting ranks' logprob rows into the
+  batch; `train` reuses that upload and returns one reporting rank's metrics (already all-reduced
+  inside the update);
   `save`/`load`/`offload`/`onload` are collective (every rank is called).
 - `RolloutGroup`: one rank per engine. `generate` gives engine i the i-th contiguous share of the
   prompts (whole GRPO groups) and concatenates the results, renumbering group ids so that engines
@@ -25,6 +26,7 @@ import torch
 from rlinf.data.batch import RolloutBatch
 from rlinf.data.metrics_merge import merge_metrics
 from rlinf.scheduler.worker_group import WorkerGroup
+from rlinf.workers.actor.base import LogprobRows, with_logprobs
 
 SEED_STRIDE = 0x9E3779B97F4A7C15  # engine i samples with seed + i * stride: streams never coincide
 
@@ -102,27 +104,34 @@ class ActorGroup(GroupFacade):
             )
         self.dp_size = infos[0].size
         self.reporting_ranks = [rank for _, rank in reporting]  # worker rank of dp rank 0, 1, ...
+        self._uploaded: tuple[RolloutBatch | None, Any] = (None, None)  # compute_logprobs' result and upload
 
     def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        """`batch` with the recomputed logprobs: each reporting rank sends its rows' tensors only.
+        Handing the returned batch to `train` reuses this upload (see `train`)."""
         import ray
 
-        results = self.group.call("compute_logprobs", ray.put(batch))
+        uploaded = ray.put(batch)
+        results = self.group.call("compute_logprobs", uploaded)
         parts = [results[rank] for rank in self.reporting_ranks]
-        if sum(len(p) for p in parts) != len(batch):
-            raise RuntimeError(
-                f"actor: data-parallel ranks returned {[len(p) for p in parts]} rows for a batch of {len(batch)}"
-            )
-        width = batch.response_ids.shape[1]
-        old = _rows_at_width([p.old_logprobs for p in parts], width)
-        ref = (
-            None if parts[0].ref_logprobs is None else _rows_at_width([p.ref_logprobs for p in parts], width)
-        )
-        return replace(batch, old_logprobs=old, ref_logprobs=ref)
+        if any(part is None for part in parts):
+            raise RuntimeError(f"actor: reporting ranks {self.reporting_ranks} returned {parts}")
+        merged = with_logprobs(batch, parts)
+        self._uploaded = (merged, uploaded)
+        return merged
 
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """Given the batch `compute_logprobs` just returned, the ranks get that call's upload plus
+        the merged logprob tensors (uploaded once for all ranks); any other batch is uploaded whole."""
         import ray
 
-        results = self.group.call("train", ray.put(batch), step)
+        merged, uploaded = self._uploaded
+        self._uploaded = (None, None)
+        if batch is merged and uploaded is not None:
+            logprobs = LogprobRows(0, batch.old_logprobs, batch.ref_logprobs)
+            results = self.group.call("train", uploaded, step, ray.put(logprobs))
+        else:
+            results = self.group.call("train", ray.put(batch), step)
         return results[self.reporting_ranks[0]]
 
     def save(self, directory: str) -> None:
@@ -173,12 +182,3 @@ class RewardGroup(GroupFacade):
         merged = merged.select(torch.argsort(order))
         extras = merge_metrics([p.extras for p in parts], [float(p.num_response_tokens) for p in parts])
         return replace(merged, extras={**batch.extras, **extras})
-
-
-def _rows_at_width(parts: Sequence[torch.Tensor | None], width: int) -> torch.Tensor:
-    tensors = [p for p in parts if p is not None]
-    if len(tensors) != len(parts):
-        raise RuntimeError("actor: some data-parallel ranks returned no logprobs")
-    return torch.cat(
-        [torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t for t in tensors]
-    )

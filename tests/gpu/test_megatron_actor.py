@@ -30,6 +30,7 @@ from gpu_checks import recompute_logprobs, record
 
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
+from rlinf.workers.actor.base import with_logprobs
 
 
 def actor_config(
@@ -138,7 +139,7 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
     batch = synthetic_batch(vocab_of(path), response=32)
     exact = hf_logprobs(path, "fp32", batch)
     actor = MegatronActor(actor_config(path, precision, grouped_gemm=grouped_gemm))
-    got = actor.compute_logprobs(batch).old_logprobs
+    got = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
     del actor
     free()
     mask = batch.response_mask
@@ -279,12 +280,12 @@ def one_minibatch_matches_the_torch_actor(gpu_tiny: Path, *, grouped_gemm: bool 
     torch_model = replace(cfg.actor.model, moe_grouped_gemm=False)  # a megatron-only key
     torch_cfg = replace(cfg, actor=replace(cfg.actor, training_backend="torch", model=torch_model))
     reference = TorchActor(torch_cfg)
-    ref_batch = reference.compute_logprobs(batch)
+    ref_batch = with_logprobs(batch, [reference.compute_logprobs(batch)])
     ref = reference.train(replace(ref_batch, old_logprobs=ref_batch.old_logprobs - 0.05), step=0)
     del reference
     free()
     actor = MegatronActor(cfg)
-    mine = actor.compute_logprobs(batch)
+    mine = with_logprobs(batch, [actor.compute_logprobs(batch)])
     got = actor.train(replace(mine, old_logprobs=mine.old_logprobs - 0.05), step=0)
     del actor
     free()
@@ -308,14 +309,14 @@ def test_offload_frees_memory_and_onload_restores_the_model(megatron_installed, 
     actor = MegatronActor(actor_config(gpu_tiny, "bf16", lr=1e-3, moments=moments))
     num_params = sum(p.numel() for chunk in actor.model for p in chunk.parameters())
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=4)
-    actor.train(actor.compute_logprobs(batch), step=0)  # allocates the optimizer state
+    actor.train(batch, step=0, logprobs=actor.compute_logprobs(batch))  # allocates the optimizer state
     weights = actor.named_weights()
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     freed = actor.offload()["actor/offload_freed_gib"]
     actor.onload()
     restored = actor.named_weights()
-    after = actor.train(actor.compute_logprobs(batch), step=1)
+    after = actor.train(batch, step=1, logprobs=actor.compute_logprobs(batch))
     trained = actor.named_weights()
     del actor
     free()
@@ -367,14 +368,14 @@ def test_save_load_restores_weights_optimizer_and_rng(megatron_installed, gpu_ti
 
     actor = MegatronActor(actor_config(gpu_tiny, "fp32", lr=1e-4, moments=moments))
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=5)
-    actor.train(actor.compute_logprobs(batch), step=0)
+    actor.train(batch, step=0, logprobs=actor.compute_logprobs(batch))
     actor.save(str(tmp_path / "ckpt"))
     saved_weights, saved_optimizer = actor.named_weights(), optimizer_tensors(actor)
-    first = actor.train(actor.compute_logprobs(batch), step=1)
+    first = actor.train(batch, step=1, logprobs=actor.compute_logprobs(batch))
     moved = max((saved_weights[n] - w).abs().max().item() for n, w in actor.named_weights().items())
     actor.load(str(tmp_path / "ckpt"))
     loaded_weights, loaded_optimizer = actor.named_weights(), optimizer_tensors(actor)
-    second = actor.train(actor.compute_logprobs(batch), step=1)
+    second = actor.train(batch, step=1, logprobs=actor.compute_logprobs(batch))
     del actor
     free()
     dtypes = sorted({str(t.dtype) for t in loaded_optimizer})
@@ -404,7 +405,7 @@ def test_packed_sequences_match_the_padded_forward(megatron_installed, gpu_tiny)
         cfg = actor_config(gpu_tiny, "fp32")
         cfg = replace(cfg, actor=replace(cfg.actor, pack_sequences=packed))
         actor = MegatronActor(cfg)
-        got[packed] = actor.compute_logprobs(batch).old_logprobs
+        got[packed] = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
         del actor
         free()
     mask = batch.response_mask
@@ -426,16 +427,16 @@ def test_a_fresh_actor_resumes_the_saved_state(megatron_installed, gpu_tiny, tmp
     cfg = actor_config(gpu_tiny, "fp32", lr=1e-4, moments=moments)
     actor = MegatronActor(cfg)
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=6)
-    actor.train(actor.compute_logprobs(batch), step=0)
+    actor.train(batch, step=0, logprobs=actor.compute_logprobs(batch))
     actor.save(str(tmp_path / "ckpt"))
     saved_weights, saved_optimizer = actor.named_weights(), optimizer_tensors(actor)
-    first = actor.train(actor.compute_logprobs(batch), step=1)
+    first = actor.train(batch, step=1, logprobs=actor.compute_logprobs(batch))
     del actor
     free()
     fresh = MegatronActor(cfg)
     fresh.load(str(tmp_path / "ckpt"))
     loaded_weights, loaded_optimizer = fresh.named_weights(), optimizer_tensors(fresh)
-    second = fresh.train(fresh.compute_logprobs(batch), step=1)
+    second = fresh.train(batch, step=1, logprobs=fresh.compute_logprobs(batch))
     del fresh
     free()
     record(

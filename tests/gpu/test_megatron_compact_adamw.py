@@ -21,6 +21,8 @@ import torch
 from gpu_checks import record
 from test_megatron_actor import actor_config, free, synthetic_batch, vocab_of
 
+from rlinf.workers.actor.base import with_logprobs
+
 STEPS = 6
 
 
@@ -62,7 +64,8 @@ def train_run(path, moments: str, *, steps: int = STEPS, precision: str = "bf16"
     torch.manual_seed(0)
     actor = MegatronActor(actor_config(path, precision, lr=2e-4, moments=moments))
     # old logprobs from the starting policy, kept: the ratio moves and the clipped loss falls
-    batch = actor.compute_logprobs(synthetic_batch(vocab_of(path), seed=11, response=24))
+    batch = synthetic_batch(vocab_of(path), seed=11, response=24)
+    batch = with_logprobs(batch, [actor.compute_logprobs(batch)])
     losses = []
     before = None
     for step in range(steps):
@@ -125,7 +128,7 @@ def test_bf16_moments_free_their_bytes_per_parameter_on_the_slice(megatron_insta
         params = sum(p.numel() for chunk in actor.model for p in chunk.parameters())
         batch = synthetic_batch(vocab_of(moonlight_slice), seed=12, response=24)
         torch.cuda.reset_peak_memory_stats()
-        actor.train(actor.compute_logprobs(batch), step=0)
+        actor.train(batch, step=0, logprobs=actor.compute_logprobs(batch))
         torch.cuda.synchronize()
         figures[moments] = {
             "allocated_gib": torch.cuda.memory_allocated() / 2**30,

@@ -39,7 +39,7 @@ def test_megatron_ipc_sync_in_the_colocated_order(gpu_tiny, sglang_installed, me
         engine.release()
         batch = synthetic_batch(vocab_of(path), seed=5)
         for step in range(3):  # big steps: the greedy outputs must move
-            actor.train(actor.compute_logprobs(batch), step=step)
+            actor.train(batch, step=step, logprobs=actor.compute_logprobs(batch))
         stage("trained 3 steps")
         trained = actor.named_weights()
         engine.resume(["weights"])

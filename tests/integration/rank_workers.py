@@ -83,9 +83,9 @@ class JournalingTorchActor(TorchActor):
         _journal(self.cfg, "actor.compute_logprobs")
         return super().compute_logprobs(batch)
 
-    def train(self, batch, step):
+    def train(self, batch, step, logprobs=None):
         _journal(self.cfg, "actor.train")
-        return super().train(batch, step)
+        return super().train(batch, step, logprobs)
 
     def export_weights(self, bucket_bytes):
         _journal(self.cfg, "actor.export_weights")

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from rlinf.workers.actor.base import with_logprobs
 from rlinf.workers.actor.policy_update import micro_batch_rows
 from rlinf.workers.actor.torch_actor import TorchActor
 from tests.integration.conftest import small_config
@@ -35,8 +36,8 @@ def test_token_budget_gives_the_logprobs_and_the_step_of_fixed_micro_batches(
     assert sorted(len(rows) for rows in plan) != [2] * 8, "the budget must group rows differently"
     assert any(rows != sorted(rows) or len(rows) > 2 for rows in plan)
 
-    old = fixed.compute_logprobs(batch)
-    regrouped = packed.compute_logprobs(batch)
+    old = with_logprobs(batch, [fixed.compute_logprobs(batch)])
+    regrouped = with_logprobs(batch, [packed.compute_logprobs(batch)])
     assert torch.allclose(regrouped.old_logprobs, old.old_logprobs, rtol=0, atol=1e-6)
     assert bool((old.old_logprobs[old.response_mask] != 0).all()), "every response token has a logprob"
 

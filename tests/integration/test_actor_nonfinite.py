@@ -8,6 +8,7 @@ import torch
 from rlinf.algorithms import compute_advantages
 from rlinf.models.hf_checkpoint import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
+from rlinf.workers.actor.base import with_logprobs
 from rlinf.workers.actor.torch_actor import TorchActor, TrainingDivergedError
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.torch_rollout import TorchRollout
@@ -27,7 +28,7 @@ def actor_and_batch(random_tiny_checkpoint, tmp_path):
         batch, rewards=rewards, advantages=compute_advantages("grpo", rewards, batch.group_index).advantages
     )
     actor = TorchActor(cfg)
-    return actor, actor.compute_logprobs(batch)
+    return actor, with_logprobs(batch, [actor.compute_logprobs(batch)])
 
 
 def test_nan_loss_skips_the_step_then_aborts(actor_and_batch):

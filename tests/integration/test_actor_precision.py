@@ -13,7 +13,7 @@ def trained(cfg, batch, steps: int = 3) -> tuple[TorchActor, list[torch.Tensor]]
     actor = TorchActor(cfg)
     start = [p.detach().float().clone() for p in actor.master.params]
     for step in range(1, steps + 1):
-        actor.train(actor.compute_logprobs(batch), step)
+        actor.train(batch, step, actor.compute_logprobs(batch))
     return actor, start
 
 

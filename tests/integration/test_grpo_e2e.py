@@ -120,8 +120,8 @@ def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoi
         rewards = torch.arange(len(batch), dtype=torch.float32) % 3  # varied so advantages are non-zero
         adv = compute_advantages("grpo", rewards, batch.group_index).advantages
         batch = replace(batch, rewards=rewards, advantages=adv)
-        batch = roles.actor.call_rank0("compute_logprobs", batch)
-        roles.actor.call_rank0("train", batch, 1)
+        batch = roles.actor.compute_logprobs(batch)
+        roles.actor.train(batch, 1)
         actor_w = roles.actor.call_rank0("named_weights")
         before = roles.rollout.call_rank0("named_weights")
         assert any(not torch.equal(actor_w[k], before[k]) for k in actor_w), "training changed nothing"

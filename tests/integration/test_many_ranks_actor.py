@@ -10,6 +10,7 @@ from rlinf.models.hf_checkpoint import load_tokenizer
 from rlinf.runners.data_setup import build_datasets
 from rlinf.scheduler.facades import ActorGroup
 from rlinf.scheduler.worker_group import WorkerGroup
+from rlinf.workers.actor.base import LogprobRows
 from rlinf.workers.backends import ACTOR_BACKENDS
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.torch_rollout import TorchRollout
@@ -48,6 +49,12 @@ def train_once(cfg, batch, workers: int):
     group = WorkerGroup("actor", ACTOR_BACKENDS["torch"], (cfg,), num_workers=workers, distributed=True)
     try:
         actor = ActorGroup(group)
+        # what crosses back from the ranks: each DP rank's logprob rows, no batch
+        crossed = group.call("compute_logprobs", batch)
+        assert [type(c) for c in crossed] == [LogprobRows] * workers
+        assert [(c.start, len(c), c.ref) for c in crossed] == [
+            (i * 16 // workers, 16 // workers, None) for i in range(workers)
+        ]
         with_logprobs = actor.compute_logprobs(batch)
         metrics = actor.train(with_logprobs, step=1)
         # offload's contract: metrics from every rank ({} on the CPU: nothing moves)

@@ -6,6 +6,7 @@ from dataclasses import replace
 import torch
 
 from rlinf.algorithms import compute_advantages
+from rlinf.workers.actor.base import with_logprobs
 from tests.integration.conftest import small_config
 
 
@@ -37,7 +38,7 @@ def test_actor_state_round_trips_and_the_next_update_is_identical(random_tiny_ch
     )
 
     original = TorchActor(cfg)
-    original.train(original.compute_logprobs(batch), 1)
+    original.train(batch, 1, original.compute_logprobs(batch))
     torch.manual_seed(4321)  # an RNG state that differs from the one a fresh actor starts with
     original.save(str(tmp_path / "ckpt"))
     saved_rng = torch.get_rng_state()
@@ -55,8 +56,8 @@ def test_actor_state_round_trips_and_the_next_update_is_identical(random_tiny_ch
     )
     assert _tensors_equal(restored.named_weights(), original.named_weights())
 
-    second = original.compute_logprobs(batch)
+    second = with_logprobs(batch, [original.compute_logprobs(batch)])
     metrics_a = original.train(second, 2)
-    metrics_b = restored.train(restored.compute_logprobs(batch), 2)
+    metrics_b = restored.train(batch, 2, restored.compute_logprobs(batch))
     assert metrics_a == metrics_b
     assert _tensors_equal(original.named_weights(), restored.named_weights())

@@ -2,22 +2,56 @@
 
 Every rank of an actor group receives the SAME full batch (one object-store reference, see
 rlinf.scheduler.facades.ActorGroup) and takes its own data-parallel rows; `dp_info()` tells the
-facade which rank stands for which rows and which ranks report.
+facade which rank stands for which rows and which ranks report. Recomputed logprobs travel as
+`LogprobRows` (tensors and a row offset), never as a batch.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.weight_sync.exporter import WeightExporter, dispatch
-from rlinf.workers.actor.policy_update import DPInfo
+from rlinf.workers.actor.policy_update import DPInfo, dp_slice
 
 WeightBucket = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class LogprobRows:
+    """Recomputed logprobs of rows `start .. start + len(old)` of a batch. Columns are the
+    batch's response columns, possibly fewer (trailing padding dropped)."""
+
+    start: int
+    old: torch.Tensor  # [rows, <= R] under the current policy
+    ref: torch.Tensor | None = None  # [rows, <= R] under the reference policy (kl_beta > 0)
+
+    def __len__(self) -> int:
+        return int(self.old.shape[0])
+
+
+def with_logprobs(batch: RolloutBatch, parts: Sequence[LogprobRows]) -> RolloutBatch:
+    """`batch` with old_logprobs (and ref_logprobs) from `parts`, which must cover its rows
+    exactly once, in any order."""
+    ordered = sorted(parts, key=lambda part: part.start)
+    spans = [(part.start, part.start + len(part)) for part in ordered]
+    if [a for a, _ in spans] != [0, *(b for _, b in spans[:-1])] or (spans and spans[-1][1] != len(batch)):
+        raise RuntimeError(f"actor: logprob rows {spans} do not cover a batch of {len(batch)} rows once")
+    if len({part.ref is None for part in ordered}) > 1:
+        raise RuntimeError("actor: some data-parallel ranks returned reference logprobs, others none")
+    width = batch.response_ids.shape[1]
+    old = _rows_at_width([part.old for part in ordered], width)
+    refs = [part.ref for part in ordered if part.ref is not None]
+    return replace(batch, old_logprobs=old, ref_logprobs=_rows_at_width(refs, width) if refs else None)
+
+
+def _rows_at_width(parts: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in parts])
 
 
 class ActorWorker(ABC):
@@ -35,16 +69,29 @@ class ActorWorker(ABC):
     def dp_info(self) -> DPInfo:
         """This rank's data-parallel rank and size, and whether it reports for its DP group."""
 
-    @abstractmethod
-    def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Rows `policy_update.dp_slice(len(batch), dp.rank, dp.size)` of the full batch, with
-        old_logprobs (and ref_logprobs when kl_beta > 0) filled by the current policy. Collective:
-        every rank is called; the facade concatenates the reporting ranks' results in dp-rank order."""
+    def compute_logprobs(self, batch: RolloutBatch) -> LogprobRows | None:
+        """Logprobs of this rank's rows `dp_slice(len(batch), dp.rank, dp.size)` of the full batch.
+        Collective: every rank computes; only a reporting rank returns them, the others None."""
+        dp = self.dp_info()
+        rows = dp_slice(len(batch), dp.rank, dp.size)
+        mine = batch.select(list(range(rows.start, rows.stop))) if dp.size > 1 else batch
+        old, ref = self.policy_logprobs(mine)
+        return LogprobRows(rows.start, old, ref) if dp.reports else None
 
     @abstractmethod
-    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
-        """One GRPO update over the full batch (policy_update.run_policy_update); collective.
-        Returns actor/* metrics already reduced over DP ranks (equal on every reporting rank)."""
+    def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tempered logprobs [len(rows), <= R] of the rows' responses under the current policy, and
+        under the reference policy when kl_beta > 0 (else None). Collective for sharded backends."""
+
+    def train(self, batch: RolloutBatch, step: int, logprobs: LogprobRows | None = None) -> dict[str, float]:
+        """One GRPO update over the full batch; `logprobs` (every row), when given, fill its
+        old_logprobs and ref_logprobs first. Collective. Returns actor/* metrics already reduced
+        over DP ranks (equal on every reporting rank)."""
+        return self.update_policy(batch if logprobs is None else with_logprobs(batch, [logprobs]), step)
+
+    @abstractmethod
+    def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """policy_update.run_policy_update over the full batch, with old_logprobs filled."""
 
     @abstractmethod
     def export_weights(self, bucket_bytes: int) -> list[WeightBucket]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,7 +45,6 @@ from rlinf.workers.actor.policy_update import (
     PolicyUpdateBackend,
     SkipCounter,
     UpdateSettings,
-    dp_slice,
     logprobs_in_row_order,
     micro_batch_rows,
     run_policy_update,
@@ -303,19 +301,15 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         return logprobs.masked_fill(~mask, 0.0), entropy.masked_fill(~mask, 0.0)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
-        """old_logprobs for this DP rank's rows `dp_slice(len(batch), dp.rank, dp.size)`."""
-        rows = list(range(len(batch)))[dp_slice(len(batch), self.dp.rank, self.dp.size)]
-        mine = batch.select(rows) if self.dp.size > 1 else batch
+    def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         for chunk in self.model:
             chunk.eval()
-        plan = micro_batch_rows(self, mine, self.settings)
-        old = logprobs_in_row_order(mine, plan, lambda micro: self._logprobs(self.model[0], micro)[0])
-        return replace(mine, old_logprobs=old, ref_logprobs=None)
+        plan = micro_batch_rows(self, rows, self.settings)
+        return logprobs_in_row_order(rows, plan, lambda micro: self._logprobs(self.model[0], micro)[0]), None
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
 
-    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+    def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         for chunk in self.model:
             chunk.train()
         return run_policy_update(self, batch, self.settings, step, self.skips)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +28,6 @@ from rlinf.workers.actor.policy_update import (
     SkipCounter,
     TrainingDivergedError,
     UpdateSettings,
-    dp_slice,
     logprobs_in_row_order,
     micro_batch_rows,
     run_policy_update,
@@ -122,18 +120,14 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         model.eval()
         return logprobs_in_row_order(batch, plan, lambda micro: self._logprobs(model, micro)[0])
 
-    def compute_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
-        """old_logprobs (and ref_logprobs) for this DP rank's rows `dp_slice(len(batch), rank, size)`."""
-        rows = list(range(len(batch)))[dp_slice(len(batch), self.dp.rank, self.dp.size)]
-        mine = batch.select(rows) if self.dp.size > 1 else batch
-        plan = micro_batch_rows(self, mine, self.settings)
-        old = self._recompute(self.model, mine, plan)
-        ref = self._recompute(self.reference, mine, plan) if self.reference is not None else None
-        return replace(mine, old_logprobs=old, ref_logprobs=ref)
+    def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        plan = micro_batch_rows(self, rows, self.settings)
+        old = self._recompute(self.model, rows, plan)
+        return old, self._recompute(self.reference, rows, plan) if self.reference is not None else None
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
 
-    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+    def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         self.model.train()
         return run_policy_update(self, batch, self.settings, step, self.skips)
 
