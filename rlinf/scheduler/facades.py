@@ -9,7 +9,8 @@
 - `RolloutGroup`: one rank per engine. `generate` gives engine i the i-th contiguous share of the
   prompts (whole GRPO groups) and concatenates the results, renumbering group ids so that engines
   never collide. `sleep()` / `wake(tags)` reach every engine.
-- `RewardGroup`: `score` shards a batch over the reward workers by whole groups.
+- `RewardGroup`: `score` sends the response texts and reference answers to the one reward worker
+  (its grading pool has `reward.num_workers` processes) and fills the batch with what comes back.
 
 Each facade still answers the raw WorkerGroup calls (`call`, `call_async`, `call_each`,
 `call_rank0`, `get`, `handles`, `pids`, `kill`), which weight sync uses.
@@ -168,17 +169,12 @@ class RolloutGroup(GroupFacade):
 
 class RewardGroup(GroupFacade):
     def score(self, batch: RolloutBatch) -> RolloutBatch:
-        if len(self.group) == 1:
-            return self.group.call_rank0("score", batch)
-        # Each shard carries no step extras (they would be merged once per shard); the grader's own
-        # per-shard scalars are merged, then the batch's are put back.
-        shard_rows = batch.shard_rows(len(self.group))
-        shards = [replace(batch.select(rows), extras={}) for rows in shard_rows]
-        scored = self.group.call_each("score", [(s,) if len(s) else None for s in shards])
-        parts = [s for s in scored if s is not None]
-        merged = RolloutBatch.concat(parts, renumber_groups=False)
-        # Back to the batch's row order (shards hold whole groups, which need not be contiguous).
-        order = torch.tensor([r for rows in shard_rows for r in rows])
-        merged = merged.select(torch.argsort(order))
-        extras = merge_metrics([p.extras for p in parts], [float(p.num_response_tokens) for p in parts])
-        return replace(merged, extras={**batch.extras, **extras})
+        """`batch` with rewards, correctness and `reward/timeouts`; only the response texts and
+        reference answers go to the (single) reward worker."""
+        result = self.group.call_rank0("score", batch.response_text, batch.solutions)
+        return replace(
+            batch,
+            rewards=torch.tensor(result.rewards, dtype=torch.float32),
+            correct=torch.tensor(result.correct, dtype=torch.bool),
+            extras={**batch.extras, "reward/timeouts": float(result.timeouts)},
+        )

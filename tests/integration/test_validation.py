@@ -66,7 +66,7 @@ def test_runner_validation_matches_an_independent_reference(tmp_path, ray_sessio
         sampled = roles.rollout.call_rank0(
             "generate", list(val), 4, runner.sampling, runner._seed("validation")
         )
-        scored = roles.reward.call_rank0("score", sampled)
+        scored = roles.reward.score(sampled)
         by_problem: dict[int, list[bool]] = {}
         for group, right in zip(scored.group_index.tolist(), scored.correct.tolist(), strict=True):
             by_problem.setdefault(group, []).append(right)

@@ -1,13 +1,11 @@
-"""The reward role: grades responses in a process pool and fills rewards / correctness."""
+"""The reward role: grades response texts against reference answers in a process pool."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import torch
+from collections.abc import Sequence
 
 from rlinf.config.schema import Config
-from rlinf.data.batch import RolloutBatch
+from rlinf.rewards.grader_pool import RewardResult
 from rlinf.rewards.registry import build_reward
 
 
@@ -18,15 +16,9 @@ class RewardWorker:
             r.reward_type, reward_scale=r.reward_scale, timeout_s=r.timeout_s, num_workers=r.num_workers
         )
 
-    def score(self, batch: RolloutBatch) -> RolloutBatch:
-        result = self.reward.score(batch.response_text, batch.solutions)
-        extras = {**batch.extras, "reward/timeouts": float(result.timeouts)}
-        return replace(
-            batch,
-            rewards=torch.tensor(result.rewards, dtype=torch.float32),
-            correct=torch.tensor(result.correct, dtype=torch.bool),
-            extras=extras,
-        )
+    def score(self, responses: Sequence[str], solutions: Sequence[Sequence[str]]) -> RewardResult:
+        """Reward and verdict per response (same order), and how many gradings timed out."""
+        return self.reward.score(responses, solutions)
 
     def close(self) -> None:
         self.reward.close()
