@@ -82,12 +82,12 @@ def test_packing_pads_the_row_with_a_sequence_of_its_own_under_sequence_parallel
     actor = build_actor(tiny_megatron_checkpoint, "fp32", precision="fp32", pack_sequences=True)
     batch = varied_batch()
     real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-    tokens, positions, params, index = actor._packed(batch)
+    tokens, positions, params, index = actor._packed_thd(batch)
     assert tokens.shape == positions.shape == (1, real)
     assert params.cu_seqlens_q.tolist()[-1] == real and params.qkv_format == "thd"
     assert index.numel() == int(batch.response_mask.sum())
     actor.tp_size, actor.cfg.actor.model.__dict__["sequence_parallel"] = 4, True  # frozen dataclass
-    tokens, positions, params, _ = actor._packed(batch)
+    tokens, positions, params, _ = actor._packed_thd(batch)
     bounds = params.cu_seqlens_q.tolist()
     assert tokens.shape[1] % 4 == 0 and bounds[-1] == tokens.shape[1] > real and bounds[-2] == real
     assert positions[0, real:].tolist() == list(range(tokens.shape[1] - real))
@@ -98,4 +98,4 @@ def test_a_response_with_a_gap_is_refused(on_cpu, tiny_megatron_checkpoint):
     batch = varied_batch()
     batch.response_mask[0, 3] = False
     with pytest.raises(ValueError, match="no gaps"):
-        actor._packed(batch)
+        actor._packed_thd(batch)

@@ -1,27 +1,11 @@
 """Production actor: a megatron-core model built by Megatron-Bridge from the HF checkpoint.
 
-One Ray worker per actor GPU; the worker group sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT /
-LOCAL_RANK and this class joins the NCCL group itself (`INITS_PROCESS_GROUP`), then megatron's
-model-parallel groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left).
-
-- Model: AutoBridge.from_hf_pretrained -> to_megatron_provider + a strict HF weight load -> recipe
-  settings (rlinf.config.megatron_settings) -> finalize -> provide_distributed_model (megatron DDP,
-  Float16Module). The layer spec is rlinf.models.megatron.te_spec's with Transformer Engine, else
-  rlinf.models.megatron.spec's (TE-free); rank 0 prints which and writes it to the logs folder.
-- Logprobs: sequences are re-packed right-padded (positions 0..L-1, causal attention, no mask),
-  or with `actor.pack_sequences` back to back in one THD row (megatron's PackedSeqParams; the
-  TE-free attention runs each sequence on its own); logits stay vocab-parallel and in the compute
-  dtype, and rlinf.models.megatron.logprobs gives tempered logprobs and entropy. Every TP rank of
-  a DP group computes the same values.
-- Training: rlinf.workers.actor.policy_update's loop (shuffle, minibatches, global normaliser,
-  early stop / NaN skip from all-reduced values) with megatron's forward_backward_func as the
-  micro-batch schedule and megatron-core's distributed optimizer (grad clipping inside `step`).
-  Precision-aware without TE: bf16 Adam moments through rlinf.models.megatron.compact_optimizer.
-- Weights out: bridge.export_hf_weights (collective: every rank drains it; the conversion tasks are
-  built once); rank 0 returns the HF-named buckets.
-- Offload: DDP param and grad buffers and the optimizer state to CPU between phases.
-- Checkpoints: megatron dist_checkpointing (every rank writes its shards of weights and
-  distributed-optimizer state), per-rank RNG states, and the loop's counters.
+One Ray worker per actor GPU; it joins the process group itself, then megatron's model-parallel
+groups (TP, PP, EP, ETP, CP from the recipe; DP is what is left). Logprobs and the GRPO update run
+through the backend-agnostic loop of rlinf.workers.actor.policy_update with megatron's
+forward_backward schedule and distributed optimizer; weights leave through Megatron-Bridge's HF
+export, and checkpoints are megatron dist-checkpoints (every rank writes its shard). docs/megatron.md
+describes the layer specs, precision and offload.
 """
 
 from __future__ import annotations
@@ -216,7 +200,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     def dp_info(self) -> DPInfo:
         return self.dp
 
-    def _pack(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _right_padded(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded tokens [b, T] (prompt then all R response columns) and each row's prompt length."""
         prompt_lens = micro.prompt_mask.sum(1)
         width = micro.prompt_ids.shape[1]
@@ -230,7 +214,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
             tokens[i, p : p + r] = micro.response_ids[i]
         return tokens, prompt_lens
 
-    def _packed(self, micro: RolloutBatch):
+    def _packed_thd(self, micro: RolloutBatch):
         """(tokens [1, T], positions [1, T], PackedSeqParams, index [N]): every row's real tokens
         back to back (THD, positions restarting per sequence), padded at the end to a multiple of
         TP under sequence parallelism by one more sequence; `index` is the packed position that
@@ -277,7 +261,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
 
     def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
-        tokens, positions, params, index = self._packed(micro)
+        tokens, positions, params, index = self._packed_thd(micro)
         logits = self._logits(model, tokens, positions, packed_seq_params=params)
         mask = micro.response_mask.to(self.device).bool()
         logprobs, entropy = self._tempered(logits[:, index], micro.response_ids.to(self.device)[mask][None])
@@ -288,7 +272,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         """Tempered logprobs and entropy [b, R] of the response tokens (0 where masked)."""
         if self.cfg.actor.pack_sequences:
             return self._packed_logprobs(model, micro)
-        tokens, prompt_lens = self._pack(micro)
+        tokens, prompt_lens = self._right_padded(micro)
         tokens = tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
         logits = self._logits(model, tokens, positions)
@@ -485,8 +469,8 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     @contextmanager
     def _resident(self):
         """Weights and optimizer state on the GPU for the duration (an offloaded actor's buffers have
-        no storage: a checkpoint read or written then fails in megatron, seen on the H200 when the
-        run's last save came after the colocated offload); offloaded again afterwards."""
+        no storage, and megatron fails to read or write a checkpoint into them); offloaded again
+        afterwards."""
         was_offloaded = self.offloaded
         self.onload()
         try:
