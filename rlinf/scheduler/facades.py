@@ -73,8 +73,6 @@ class GroupFacade:
     def get(self, refs: list) -> list:
         return self.group.get(refs)
 
-    _get = get  # the name weight-sync code uses
-
     def pids(self) -> list[int]:
         return self.group.pids()
 

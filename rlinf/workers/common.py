@@ -28,10 +28,11 @@ def load_policy(model_path: str, precision: str, trust_remote_code: bool, device
     return model, tokenizer
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the generation config and the tokenizer (chat models often have several)."""
+def eos_token_ids(generation_config, tokenizer) -> list[int]:
+    """EOS ids from the checkpoint's generation config (None: none) and the tokenizer (chat models
+    often have several)."""
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), tokenizer):
+    for source in (generation_config, tokenizer):
         value = getattr(source, "eos_token_id", None)
         if isinstance(value, int):
             ids.add(value)

@@ -30,7 +30,7 @@ def test_engine_starts_with_our_tables_only_for_a_shape_we_ship(tmp_path, monkey
     monkeypatch.setattr(sglang_rollout, "SGLangEngine", RecordingEngine)
     monkeypatch.setattr(hf_checkpoint, "load_tokenizer", lambda path, **kw: object())
     monkeypatch.setattr(sglang_rollout, "_generation_config", lambda path: None)
-    monkeypatch.setattr(sglang_rollout, "eos_token_ids", lambda checkpoint, tokenizer: [2])
+    monkeypatch.setattr(sglang_rollout, "eos_token_ids", lambda generation_config, tokenizer: [2])
     monkeypatch.setattr(sglang_rollout, "pad_token_id", lambda tokenizer, eos: 0)
     cfg = load_config(
         MOONLIGHT_RECIPE,

@@ -47,16 +47,14 @@ class FakeGroup:
         return [h.execute.remote(method, *args) for h in self.handles]
 
     def call(self, method, *args):
-        return self._get(self.call_async(method, *args))
+        return self.get(self.call_async(method, *args))
 
     def call_rank0(self, method, *args):
-        return self._get([self.handles[0].execute.remote(method, *args)])[0]
+        return self.get([self.handles[0].execute.remote(method, *args)])[0]
 
-    def _get(self, refs):
+    def get(self, refs):
         self.log.extend((self.role, r.rank, f"wait:{r.method}", ()) for r in refs)
         return [r.value for r in refs]
-
-    get = _get
 
 
 @dataclass(frozen=True)

@@ -165,10 +165,11 @@ def _hf_config(model_path: str) -> dict:
 
 
 def _generation_config(model_path: str):
-    """Carrier of the checkpoint's generation-config EOS ids (absent file: tokenizer's EOS only)."""
+    """The checkpoint's GenerationConfig, whose EOS ids count; None without generation_config.json
+    (the tokenizer's EOS only)."""
     from transformers import GenerationConfig
 
     try:
-        return type("Checkpoint", (), {"generation_config": GenerationConfig.from_pretrained(model_path)})()
+        return GenerationConfig.from_pretrained(model_path)
     except OSError:
         return None

@@ -33,7 +33,7 @@ class TorchRollout(RolloutWorker):
             self.device,
         )
         self.model.eval()
-        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
+        self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
 
     def generate(
