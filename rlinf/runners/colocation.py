@@ -129,7 +129,7 @@ class ColocatedMemory:
             reported = action()
         if name in ("actor_offload", "actor_onload"):
             self.actor_offloaded = name == "actor_offload"
-        if isinstance(reported, dict):  # e.g. the Megatron actor's actor/offload_freed_gib
+        if isinstance(reported, dict):  # the actor offload's metrics (actor/offload_freed_gib on a GPU)
             self.memory.update(reported)
         used = self.roles.actor.device_memory_used_gib()
         if used is not None:
