@@ -233,7 +233,10 @@ def test_the_loader_refuses_context_parallelism_with_or_without_te_before_any_wo
     with pytest.raises(MegatronSettingsError, match="context_parallel_size"):
         translate(ActorConfig(model=ModelConfig(context_parallel_size=2)), te_available=True)
     with pytest.raises(ConfigError, match="does not split sequences over CP ranks"):
-        load_config(str(MOONLIGHT), overrides=["actor.model.context_parallel_size=2", "actor.model.tensor_model_parallel_size=4"])
+        load_config(
+            str(MOONLIGHT),
+            overrides=["actor.model.context_parallel_size=2", "actor.model.tensor_model_parallel_size=4"],
+        )
 
 
 def test_the_loader_refuses_bf16_master_weights_before_any_worker_starts():
