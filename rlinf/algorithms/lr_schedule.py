@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from rlinf.config.schema import Config
 
-def lr_multiplier(decay_style: str, warmup_steps: int) -> Callable[[int], float]:
-    """`warmup_constant`: linear warmup to 1 over `warmup_steps` optimizer steps, then 1;
-    `constant`: always 1."""
+
+def lr_multiplier(
+    decay_style: str, warmup_steps: int, decay_steps: int = 0, min_lr_ratio: float = 0.0
+) -> Callable[[int], float]:
+    """The LR at optimizer step k (from 0) over the peak LR.
+
+    `constant`: always 1. `warmup_constant`: linear warmup to 1 over `warmup_steps`, then 1.
+    `cosine`: the same warmup, then a half cosine from 1 down to `min_lr_ratio`, reached at step
+    `decay_steps` (counted from step 0, warmup included) and held after it.
+    """
 
     def multiplier(optimizer_step: int) -> float:
-        if decay_style == "warmup_constant" and warmup_steps > 0:
-            return min(1.0, (optimizer_step + 1) / warmup_steps)
-        return 1.0
+        if decay_style == "constant":
+            return 1.0
+        if warmup_steps > 0 and optimizer_step < warmup_steps:
+            return (optimizer_step + 1) / warmup_steps
+        if decay_style != "cosine":
+            return 1.0
+        span = max(1, decay_steps - warmup_steps)
+        progress = min(1.0, (optimizer_step - warmup_steps) / span)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return multiplier
+
+
+def optimizer_steps_per_step(cfg: Config) -> int:
+    """Minibatches (optimizer steps) in one GRPO step: the step's responses over the global batch."""
+    return cfg.data.rollout_batch_size * cfg.algorithm.group_size // cfg.actor.global_batch_size
+
+
+def lr_decay_steps(cfg: Config) -> int:
+    """`actor.lr_sched.lr_decay_steps`, or the run's optimizer steps (runner.max_steps x minibatches)."""
+    given = cfg.actor.lr_sched.lr_decay_steps
+    if given is not None:
+        return given
+    return max(cfg.runner.max_steps, 0) * optimizer_steps_per_step(cfg)
+
+
+def lr_multiplier_from_config(cfg: Config) -> Callable[[int], float]:
+    s, peak = cfg.actor.lr_sched, cfg.actor.optim.lr
+    return lr_multiplier(
+        s.lr_decay_style, s.lr_warmup_steps, lr_decay_steps(cfg), s.min_lr / peak if peak > 0 else 0.0
+    )

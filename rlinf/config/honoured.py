@@ -79,6 +79,9 @@ SGLANG_ROLLOUT_MODULE = "rlinf.workers.rollout.sglang_rollout"
 SGLANG_ARGS = "rlinf.workers.rollout.sglang_args"  # recipe -> sglang.Engine keyword arguments
 
 
+LR_SCHEDULE = "rlinf.algorithms.lr_schedule"
+
+
 def _actor(megatron_module: str = MEGATRON_SETTINGS) -> tuple[Reader, ...]:
     """A trainer setting both actors must honour."""
     return (
@@ -204,8 +207,11 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.optim.main_grads_dtype": _megatron_only(),
     "actor.optim.exp_avg_dtype": _megatron_only(),
     "actor.optim.exp_avg_sq_dtype": _megatron_only(),
-    "actor.lr_sched.lr_decay_style": _actor(MEGATRON_ACTOR_MODULE),
-    "actor.lr_sched.lr_warmup_steps": _actor(MEGATRON_ACTOR_MODULE),
+    # Both actors build their schedule with rlinf.algorithms.lr_schedule.lr_multiplier_from_config.
+    **{
+        f"actor.lr_sched.{leaf}": (TORCH_ACTOR.reads(LR_SCHEDULE), MEGATRON_ACTOR.reads(LR_SCHEDULE))
+        for leaf in ("lr_decay_style", "lr_warmup_steps", "lr_decay_steps", "min_lr")
+    },
     "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER),),
     "actor.num_workers": (TORCH_ACTOR.reads("rlinf.scheduler.roles"),),
     # CPU threads of the embedded workers (both run torch ops on the CPU when there is no GPU).

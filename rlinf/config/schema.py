@@ -147,8 +147,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LRSchedulerConfig:
-    lr_decay_style: Literal["constant", "warmup_constant"] = "constant"  # doc: LR schedule
+    # doc: LR schedule: constant; warmup_constant (linear warmup, then the peak); cosine (the same warmup, then a half cosine from optim.lr to min_lr over lr_decay_steps)
+    lr_decay_style: Literal["constant", "warmup_constant", "cosine"] = "constant"
     lr_warmup_steps: int = 0  # doc: linear warmup optimizer steps
+    # doc: cosine: optimizer steps (warmup included) at whose end the LR reaches min_lr; null = the run's, runner.max_steps x minibatches per step
+    lr_decay_steps: int | None = None
+    min_lr: float = 0.0  # doc: cosine: the LR the decay ends at (and holds after lr_decay_steps)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,23 @@ def check_algorithm(cfg: Config) -> None:
         )
 
 
+def check_lr_schedule(cfg: Config) -> None:
+    s, lr = cfg.actor.lr_sched, cfg.actor.optim.lr
+    if s.lr_decay_style != "cosine":
+        return
+    if s.min_lr > lr:
+        raise ConfigError(f"actor.lr_sched.min_lr: {s.min_lr} is above the peak actor.optim.lr ({lr})")
+    if s.lr_decay_steps is None and cfg.runner.max_steps <= 0:
+        raise ConfigError(
+            "actor.lr_sched.lr_decay_steps: null needs runner.max_steps > 0 to decay over the run's "
+            f"optimizer steps (runner.max_steps: {cfg.runner.max_steps}); set lr_decay_steps"
+        )
+    if s.lr_decay_steps is not None and s.lr_decay_steps <= s.lr_warmup_steps:
+        raise ConfigError(
+            f"actor.lr_sched.lr_decay_steps: {s.lr_decay_steps} must exceed lr_warmup_steps ({s.lr_warmup_steps})"
+        )
+
+
 def check_sequence_lengths(cfg: Config) -> None:
     total = cfg.data.max_prompt_length + cfg.algorithm.sampling_params.max_new_tokens
     if total > cfg.actor.seq_length:
@@ -226,6 +243,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_ranges,  # first: the rules below may divide by a size or compare with a NaN
     check_names,
     check_algorithm,
+    check_lr_schedule,
     check_sequence_lengths,
     check_placement,
     check_actor_data_parallel,

@@ -12,7 +12,7 @@ VOCAB = 64
 
 def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False):
     """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
-    from rlinf.algorithms.lr_schedule import lr_multiplier
+    from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
     from rlinf.config.megatron_settings import translate
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.actor.policy_update import SkipCounter
@@ -37,7 +37,7 @@ def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: 
     actor._build_optimizer()
     actor.optimizer_steps, actor.skips = 0, SkipCounter()
     actor.device, actor.tp_size, actor.tp_rank, actor.tp_group = torch.device("cpu"), 1, 0, None
-    actor.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
+    actor.lr_at = lr_multiplier_from_config(cfg)
     return actor
 
 

@@ -11,6 +11,7 @@ from rlinf.config import validate as validate_module
 
 TINY, MOONLIGHT = "tiny-moe-grpo-cpu", "moonlight-16b-grpo-megatron"
 FILES = ["data.type=math", "data.train_data_paths=[a.jsonl]"]
+COSINE = ["actor.lr_sched.lr_decay_style=cosine"]
 
 CASES = [
     ("check_names", TINY, ["algorithm.adv_type=ppo"], "algorithm.adv_type: 'ppo' is not one of"),
@@ -137,6 +138,24 @@ CASES = [
         MOONLIGHT,
         ["actor.optim.main_params_dtype=bf16"],
         "main_params_dtype: 'bf16'",
+    ),
+    (
+        "check_lr_schedule",
+        TINY,
+        [*COSINE, "actor.lr_sched.min_lr=1.0"],
+        "actor.lr_sched.min_lr: 1.0 is above the peak",
+    ),
+    (
+        "check_lr_schedule",
+        TINY,
+        [*COSINE, "runner.max_steps=-1"],
+        "lr_decay_steps: null needs runner.max_steps > 0",
+    ),
+    (
+        "check_lr_schedule",
+        TINY,
+        [*COSINE, "actor.lr_sched.lr_decay_steps=2"],
+        "lr_decay_steps: 2 must exceed",
     ),
     ("check_data", TINY, ["data.type=math"], "data.train_data_paths: empty"),
     ("check_data", TINY, FILES, "data.val_data_paths: empty but runner.val_check_interval > 0"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf.algorithms.lr_schedule import lr_multiplier
+from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.models.megatron.adam_state import adam_step_count, ensure_adam_states, set_adam_steps
@@ -121,7 +121,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
         self.optimizer_steps = 0
-        self.lr_at = lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps)
+        self.lr_at = lr_multiplier_from_config(cfg)
         self._conversion_tasks = None
         self.offloaded = False
 

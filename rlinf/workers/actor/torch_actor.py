@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf.algorithms.lr_schedule import lr_multiplier
+from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.models.logprobs import response_logprobs
@@ -62,7 +62,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lr_multiplier(cfg.actor.lr_sched.lr_decay_style, cfg.actor.lr_sched.lr_warmup_steps),
+            lr_multiplier_from_config(cfg),
         )
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
