@@ -98,8 +98,11 @@ SMALL_SETTINGS = TinyModelSettings(
     v_head_dim=8,
 )
 
-# The tiny model with MLA dims SGLang's triton kernel compiles (256 + 32 = 288); `tiny://bootstrap-gpu`.
-GPU_TINY_SETTINGS = TinyModelSettings(kv_lora_rank=256, qk_rope_head_dim=32)
+# The tiny model with MLA dims SGLang's triton kernels handle (`tiny://bootstrap-gpu`): the MLA decode
+# kernel compiles only kv_lora_rank + qk_rope_head_dim = 288 or 576, and a 64-wide value head keeps the
+# extend-attention kernel off 32-wide tiles (an illegal memory access on a machine's second run, seen
+# with v 32; docs/sglang.md).
+GPU_TINY_SETTINGS = TinyModelSettings(kv_lora_rank=256, qk_rope_head_dim=32, v_head_dim=64)
 
 
 def deepseek_v3_config(settings: TinyModelSettings, *, vocab_size: int, **overrides: Any) -> DeepseekV3Config:

@@ -33,7 +33,7 @@ OUT=${OUT:-/tmp/megatron-checks}
 mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
 source tests/gpu/provision.sh
-use_tiny_checkpoint .h9-tiny
+use_tiny_checkpoint .h11-tiny
 use_wheel_folders .wte .wray .wmeg .whl2 || exit 1
 use_pytest || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

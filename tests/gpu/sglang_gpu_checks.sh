@@ -12,6 +12,10 @@
 #                                                     rollout + torch or Megatron actor), 4 steps
 #   bash tests/gpu/sglang_gpu_checks.sh step [args]   benchmarks/grpo_step_runner.py: a whole colocated
 #                                                     step on the slice, split by phase
+#   CURVE_TAG=name bash tests/gpu/sglang_gpu_checks.sh curve [overrides]
+#                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
+#                                                     the runner (Megatron actor + SGLang rollout on one GPU);
+#                                                     overrides pick another actor, steps, seed
 #
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
@@ -38,7 +42,7 @@ save_ray_logs() {
 # Ray, Megatron and SGLang: installed, or from the wheel folders present (on top of an SGLang set an
 # earlier `engine` run installed on this machine).
 use_project_stack() {
-  use_wheel_folders .wray .wmeg || exit 1
+  use_wheel_folders .wray .wmeg .whl2 || exit 1
   python3 -c "import sglang" || { echo "sglang is not importable: install.sh agentic, or run 'engine' first" >&2; exit 1; }
 }
 
@@ -65,7 +69,7 @@ case "${1:-}" in
   loop)
     use_project_stack
     use_pytest || exit 1
-    use_tiny_checkpoint .h10-tiny
+    use_tiny_checkpoint .h11-tiny
     # FRESH_KERNEL_CACHES=1: this run compiles its triton / inductor kernels anew (the diagnostic for
     # the engine fault that follows the order of runs on a machine; docs/sglang.md)
     if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
@@ -93,8 +97,25 @@ case "${1:-}" in
     cp -f "$work/rows.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/" 2>/dev/null
     save_ray_logs
     ;;
+  curve)
+    # The run's metrics.jsonl, resolved config, spec record, curves PNG and log come back under
+    # $OUT/curve-$CURVE_TAG; CURVE_TIMEOUT (default 560) bounds the run (the metrics of the steps
+    # done by then still come back).
+    use_project_stack
+    use_tiny_checkpoint .h11-tiny
+    tag=${CURVE_TAG:-megatron}
+    work=/tmp/curve-$tag
+    rm -rf "$work" && mkdir -p "$OUT/curve-$tag"
+    timeout "${CURVE_TIMEOUT:-560}" python3 examples/reasoning/main_grpo.py tiny-moe-grpo-gpu \
+      "actor.model.model_path=${RLINF_GPU_TINY:-tiny://bootstrap-gpu}" "runner.output_dir=$work/results" \
+      "runner.logger.log_path=$work/logs" "${@:2}" >"$OUT/curve-$tag/run.log" 2>&1
+    status=$?
+    grep -E "^(step|val|spec)|Error|error:" "$OUT/curve-$tag/run.log" | tail -n 30
+    cp -f "$work"/logs/*.jsonl "$work"/logs/*.yaml "$work"/logs/*.json "$work"/logs/*.png "$OUT/curve-$tag/" 2>/dev/null
+    save_ray_logs
+    ;;
   *)
-    echo "usage: $0 engine|engine+bench|loop|step" >&2
+    echo "usage: $0 engine|engine+bench|loop|step|curve" >&2
     exit 2
     ;;
 esac
