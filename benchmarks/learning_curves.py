@@ -34,7 +34,7 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 6) if values else None
+    return float(f"{statistics.fmean(values):.4g}") if values else None
 
 
 def summarize(rows: list[dict]) -> dict:
