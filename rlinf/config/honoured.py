@@ -142,6 +142,11 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "algorithm.rollout_is.mode": (ANY.reads(POLICY_LOSS),),
     "algorithm.rollout_is.clip": (ANY.reads(POLICY_LOSS),),
     "algorithm.recompute_logprobs": (ANY.reads(RUNNER, VALIDATE),),
+    # Recorded by the rollout, replayed by the actor; validation refuses backends that cannot.
+    "algorithm.routing_replay.mode": (
+        TORCH_ROLLOUT.reads(TORCH_ROLLOUT_MODULE, VALIDATE),
+        TORCH_ACTOR.reads(TORCH_ACTOR_MODULE),
+    ),
     # sampling: converted once into SamplingParams, which every rollout backend receives
     "algorithm.sampling_params.temperature": (ANY.reads(SAMPLING),),
     "algorithm.sampling_params.top_p": (ANY.reads(SAMPLING),),

@@ -52,6 +52,12 @@ class RolloutISConfig:
 
 
 @dataclass(frozen=True)
+class RoutingReplayConfig:
+    # doc: MoE rollout routing replay (docs/routing_replay.md). none; measure: the rollout records every token's experts and the logprob recompute reports routing/agreement; replay: the actor's routers also take the recorded experts, in the recompute and in training (weights from the full router scores, so gradients reach the replayed experts)
+    mode: Literal["none", "measure", "replay"] = "none"
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 1.0  # doc: sampling temperature (logprobs are of the tempered distribution)
     top_p: float = 1.0  # doc: nucleus sampling mass
@@ -77,6 +83,9 @@ class AlgorithmConfig:
     rollout_is: RolloutISConfig = field(default_factory=RolloutISConfig)  # doc: mismatch correction
     # doc: false: the rollout's own logprobs serve as pi_old and the actor's logprob recompute is skipped (docs/rollout.md); refused with algorithm.rollout_is or kl_beta > 0, which need the actor's forward; rollout/logprob_abs_diff is then not reported
     recompute_logprobs: bool = True
+    routing_replay: RoutingReplayConfig = field(
+        default_factory=RoutingReplayConfig
+    )  # doc: MoE routing replay
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)  # doc: rollout sampling
     val_n: int = 1  # doc: samples per validation problem (mean@k, pass@k); greedy pass@1 always
 

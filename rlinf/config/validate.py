@@ -22,6 +22,9 @@ TRAINING_BACKENDS = ("torch", "megatron")
 ROLLOUT_BACKENDS = ("torch", "sglang")
 MODEL_TYPES = ("deepseek_v3",)
 LOGGER_BACKENDS = ("tensorboard",)
+# Backends that record (rollout) and replay (actor) MoE routing (algorithm.routing_replay).
+ROUTING_RECORDING_ROLLOUTS = ("torch",)
+ROUTING_REPLAYING_ACTORS = ("torch",)
 
 
 def total_gpus(cfg: Config) -> int:
@@ -73,6 +76,30 @@ def check_algorithm(cfg: Config) -> None:
     if s.min_new_tokens > s.max_new_tokens:
         raise ConfigError(
             f"algorithm.sampling_params.min_new_tokens: {s.min_new_tokens} > max_new_tokens ({s.max_new_tokens})"
+        )
+
+
+def check_routing_replay(cfg: Config) -> None:
+    """Routing replay needs a rollout that records experts, an actor that replays them, and (to
+    measure) the logprob recompute. A dense model is refused where its config is read (runners.main)."""
+    mode, a = cfg.algorithm.routing_replay.mode, cfg.algorithm
+    if mode == "none":
+        return
+    key = f"algorithm.routing_replay.mode: {mode}"
+    if cfg.rollout.rollout_backend not in ROUTING_RECORDING_ROLLOUTS:
+        raise ConfigError(
+            f"{key} needs a rollout that records each token's experts; rollout.rollout_backend="
+            f"{cfg.rollout.rollout_backend} cannot (these can: {', '.join(ROUTING_RECORDING_ROLLOUTS)})"
+        )
+    if cfg.actor.training_backend not in ROUTING_REPLAYING_ACTORS:
+        raise ConfigError(
+            f"{key} needs an actor that replays recorded experts; actor.training_backend="
+            f"{cfg.actor.training_backend} cannot (these can: {', '.join(ROUTING_REPLAYING_ACTORS)})"
+        )
+    if mode == "measure" and not a.recompute_logprobs:
+        raise ConfigError(
+            f"{key} measures routing agreement in the actor's logprob recompute, which "
+            "algorithm.recompute_logprobs: false skips; set recompute_logprobs: true (or mode: replay)"
         )
 
 
@@ -243,6 +270,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_ranges,  # first: the rules below may divide by a size or compare with a NaN
     check_names,
     check_algorithm,
+    check_routing_replay,
     check_lr_schedule,
     check_sequence_lengths,
     check_placement,

@@ -18,6 +18,10 @@ from rlinf.data.metrics_merge import merge_metrics
 
 # Per-token fields, right-padded to the response width R.
 RESPONSE_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs")
+# Per-token MoE routing recorded by the rollout (algorithm.routing_replay): [rows, columns, MoE
+# layers, top_k] uint8, the prompt's left-padded like prompt_ids, the response's right-padded.
+PROMPT_ROUTING = "prompt_experts"
+RESPONSE_ROUTING = "response_experts"
 # Per-row optional fields: present on every part or on none.
 OPTIONAL_ROW_FIELDS = ("rewards", "correct", "advantages")
 
@@ -39,6 +43,11 @@ class RolloutBatch:
     correct: torch.Tensor | None = None  # [B] bool, grader verdict
     advantages: torch.Tensor | None = None  # [B] float, broadcast over the response tokens
     extras: dict[str, Any] = field(default_factory=dict)  # per-step scalars (e.g. reward timeouts)
+    # [B, P, L, K] / [B, R, L, K] uint8: the experts the rollout routed each prompt / response token
+    # to in each of the L MoE layers (rlinf.data.routing); 0 where nothing was routed (padding, and
+    # the last response token, which is sampled but never fed back). None unless routing is recorded.
+    prompt_experts: torch.Tensor | None = None
+    response_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -82,7 +91,9 @@ class RolloutBatch:
             prompt_ids=self.prompt_ids[:, -p_keep:],
             prompt_mask=self.prompt_mask[:, -p_keep:],
         )
-        for name in RESPONSE_FIELDS:
+        if self.prompt_experts is not None:
+            out = replace(out, prompt_experts=self.prompt_experts[:, -p_keep:])
+        for name in (*RESPONSE_FIELDS, RESPONSE_ROUTING):
             value = getattr(out, name)
             if value is not None:
                 out = replace(out, **{name: value[:, :r_keep]})
@@ -127,6 +138,12 @@ class RolloutBatch:
             merged[name] = _cat_optional(
                 name, [_pad_right(v, response_width, pad_id if name == "response_ids" else 0) for v in values]
             )
+        merged[PROMPT_ROUTING] = _cat_optional(
+            PROMPT_ROUTING, [_pad_left(p.prompt_experts, prompt_width, 0) for p in parts]
+        )
+        merged[RESPONSE_ROUTING] = _cat_optional(
+            RESPONSE_ROUTING, [_pad_right(p.response_experts, response_width, 0) for p in parts]
+        )
         for name in OPTIONAL_ROW_FIELDS:
             merged[name] = _cat_optional(name, [getattr(p, name) for p in parts])
         merged["group_index"] = (
@@ -158,14 +175,20 @@ def _pad_id(parts: Sequence[RolloutBatch]) -> int:
     return 0
 
 
-def _pad_left(t: torch.Tensor, width: int, value: Any) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value) if t.shape[1] < width else t
+def _pad_left(t: Any, width: int, value: Any) -> Any:
+    """`t` padded on the left of dim 1 (its columns) to `width`; None stays None."""
+    if t is None or t.shape[1] >= width:
+        return t
+    filler = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
+    return torch.cat([filler, t], dim=1)
 
 
 def _pad_right(t: torch.Tensor | None, width: int, value: Any) -> torch.Tensor | None:
+    """`t` padded on the right of dim 1 (its columns) to `width`; None stays None."""
     if t is None or t.shape[1] >= width:
         return t
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+    filler = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
+    return torch.cat([t, filler], dim=1)
 
 
 def _cat_optional(name: str, values: list[torch.Tensor | None]) -> torch.Tensor | None:

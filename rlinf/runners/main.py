@@ -138,6 +138,12 @@ def _run(cfg) -> int:
     # Checks before anything is written or started: model, tokenizer, data.
     for model_path in dict.fromkeys((cfg.actor.model.model_path, cfg.rollout.model.model_path)):
         load_model_config(model_path)
+    if cfg.algorithm.routing_replay.mode != "none":  # a dense model is known only from its config
+        from rlinf.models.routing import check_replayable
+
+        check_replayable(
+            load_model_config(cfg.actor.model.model_path), load_model_config(cfg.rollout.model.model_path)
+        )
     tokenizer = load_tokenizer(
         cfg.actor.model.model_path, trust_remote_code=cfg.actor.model.trust_remote_code
     )

@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 
 from rlinf.data.batch import RolloutBatch
+from rlinf.data.routing import has_routing, routing_bytes
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     assert batch.rewards is not None and batch.correct is not None
     lengths = batch.response_mask.sum(1).float()
     truncated = sum(reason == "length" for reason in batch.finish_reasons)
+    routing = {"routing/bytes": float(routing_bytes(batch))} if has_routing(batch) else {}
     return {
+        **routing,
         "rollout/reward_mean": float(batch.rewards.mean()),
         "rollout/accuracy": float(batch.correct.float().mean()),
         "rollout/response_length_mean": float(lengths.mean()),

@@ -158,6 +158,26 @@ def test_bad_recipe_data_or_model(tmp_path, overrides, code, label, fragment):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_routing_replay_of_a_dense_model_is_refused(random_tiny_checkpoint, tmp_path):
+    """Whether a model has routed experts is known from its config.json: read before Ray starts."""
+    dense = tmp_path / "dense"
+    shutil.copytree(random_tiny_checkpoint, dense)
+    config = json.loads((dense / "config.json").read_text())
+    config["first_k_dense_replace"] = config["num_hidden_layers"]
+    (dense / "config.json").write_text(json.dumps(config))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = main_grpo(run_dir, f"actor.model.model_path={dense}", "algorithm.routing_replay.mode=replay")
+    assert_refused(
+        proc,
+        exit_codes.CONFIG,
+        "config error",
+        "algorithm.routing_replay.mode: the model is dense",
+        "set mode: none",
+    )
+    assert list(run_dir.iterdir()) == []
+
+
 def _latin1_line(tmp_path: Path) -> tuple[Path, str]:
     data = tmp_path / "data" / "prompts.jsonl"
     data.parent.mkdir()

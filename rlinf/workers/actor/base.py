@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
+from rlinf.data.metrics_merge import merge_metrics
 from rlinf.weight_sync.exporter import WeightExporter, dispatch
 from rlinf.workers.actor.policy_update import DPInfo, dp_slice
 
@@ -30,6 +31,8 @@ class LogprobRows:
     start: int
     old: torch.Tensor  # [rows, <= R] under the current policy
     ref: torch.Tensor | None = None  # [rows, <= R] under the reference policy (kl_beta > 0)
+    # The recompute's own metrics (routing replay counts and time), merged by metrics_merge rules
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.old.shape[0])
@@ -47,7 +50,21 @@ def with_logprobs(batch: RolloutBatch, parts: Sequence[LogprobRows]) -> RolloutB
     width = batch.response_ids.shape[1]
     old = _rows_at_width([part.old for part in ordered], width)
     refs = [part.ref for part in ordered if part.ref is not None]
-    return replace(batch, old_logprobs=old, ref_logprobs=_rows_at_width(refs, width) if refs else None)
+    extras = dict(batch.extras)
+    if any(part.metrics for part in ordered):
+        extras.update(_recompute_metrics(ordered))
+    return replace(
+        batch, old_logprobs=old, ref_logprobs=_rows_at_width(refs, width) if refs else None, extras=extras
+    )
+
+
+def _recompute_metrics(parts: Sequence[LogprobRows]) -> dict[str, float]:
+    """The ranks' recompute metrics merged; routing/agreement from the summed counts."""
+    merged = merge_metrics([part.metrics for part in parts], [float(len(part)) for part in parts])
+    compared = merged.get("routing/num_compared", 0.0)
+    if compared:
+        merged["routing/agreement"] = merged["routing/num_agreeing"] / compared
+    return merged
 
 
 def _rows_at_width(parts: Sequence[torch.Tensor], width: int) -> torch.Tensor:
@@ -76,7 +93,11 @@ class ActorWorker(ABC):
         rows = dp_slice(len(batch), dp.rank, dp.size)
         mine = batch.select(list(range(rows.start, rows.stop))) if dp.size > 1 else batch
         old, ref = self.policy_logprobs(mine)
-        return LogprobRows(rows.start, old, ref) if dp.reports else None
+        return LogprobRows(rows.start, old, ref, self.recompute_metrics()) if dp.reports else None
+
+    def recompute_metrics(self) -> dict[str, float]:
+        """Metrics of the last `policy_logprobs` (routing agreement counts and replay time)."""
+        return {}
 
     @abstractmethod
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -9,7 +9,9 @@ the model computes in that dtype and AdamW updates fp32 master weights (mixed_pr
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import torch
 from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
+from rlinf.data.routing import has_routing, packed_targets, padded_targets
 from rlinf.models.logprobs import response_logprobs
 from rlinf.utils.checkpoint import CheckpointError, load_hf_weights_into
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
@@ -66,6 +69,19 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         )
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
+        self.routing_mode = cfg.algorithm.routing_replay.mode
+        self.replays = self._routing_replays()
+        self.routing_seconds = 0.0
+
+    def _routing_replays(self) -> dict[int, object]:
+        """An ExpertReplay per model the actor runs forwards of (policy, reference), by id."""
+        if self.routing_mode == "none":
+            return {}
+        from rlinf.models.routing import ExpertReplay, routing_shape
+
+        routing_shape(self.model.config)  # a dense model or > 256 experts cannot be replayed
+        models = [self.model] + ([self.reference] if self.reference is not None else [])
+        return {id(model): ExpertReplay(model) for model in models}
 
     def _data_parallel(self, model: torch.nn.Module) -> torch.nn.Module:
         import torch.distributed as dist
@@ -102,34 +118,79 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
 
     # --- logprob recompute: this rank's contiguous rows --------------------------------------------
 
-    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, with_entropy: bool = False):
+    def _logprobs(
+        self, model: torch.nn.Module, batch: RolloutBatch, with_entropy: bool = False, count: bool = False
+    ):
         b = batch.trimmed()
-        return response_logprobs(
-            model,
-            b.prompt_ids.to(self.device),
-            b.prompt_mask.to(self.device),
-            b.response_ids.to(self.device),
-            b.response_mask.to(self.device),
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            packed=self.cfg.actor.pack_sequences,
+        with self._routing(model, b, count):
+            return response_logprobs(
+                model,
+                b.prompt_ids.to(self.device),
+                b.prompt_mask.to(self.device),
+                b.response_ids.to(self.device),
+                b.response_mask.to(self.device),
+                temperature=self.temperature,
+                with_entropy=with_entropy,
+                packed=self.cfg.actor.pack_sequences,
+            )
+
+    def _routing(self, model: torch.nn.Module, micro: RolloutBatch, count: bool):
+        """algorithm.routing_replay: the recorded experts laid out in this forward's token order
+        (padded or packed), replayed (mode replay) and, with `count`, compared with the router's own."""
+        replay = self.replays.get(id(getattr(model, "module", model)))  # DDP wraps the policy
+        if replay is None:
+            return contextlib.nullcontext()
+        if not has_routing(micro):
+            raise ValueError(
+                f"algorithm.routing_replay.mode={self.routing_mode}: the batch carries no recorded experts"
+            )
+        started = time.perf_counter()
+        targets, recorded = (packed_targets if self.cfg.actor.pack_sequences else padded_targets)(micro)
+        self.routing_seconds += time.perf_counter() - started
+        return replay.replaying(
+            targets.to(self.device),
+            recorded.to(self.device),
+            force=self.routing_mode == "replay",
+            count=count,
         )
+
+    def _pop_routing_seconds(self) -> float:
+        """Seconds routing replay added since the last call: layouts plus the gates' hooks."""
+        seconds = self.routing_seconds + sum(replay.pop_seconds() for replay in self.replays.values())  # type: ignore[attr-defined]
+        self.routing_seconds = 0.0
+        return seconds
 
     @torch.no_grad()
     def _recompute(self, model: torch.nn.Module, batch: RolloutBatch, plan: list[list[int]]) -> torch.Tensor:
         model.eval()
-        return logprobs_in_row_order(batch, plan, lambda micro: self._logprobs(model, micro)[0])
+        count = model is self.model  # routing agreement of the policy, not of the reference
+        return logprobs_in_row_order(batch, plan, lambda micro: self._logprobs(model, micro, count=count)[0])
 
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         plan = micro_batch_rows(self, rows, self.settings)
+        self._pop_routing_seconds()
         old = self._recompute(self.model, rows, plan)
         return old, self._recompute(self.reference, rows, plan) if self.reference is not None else None
+
+    def recompute_metrics(self) -> dict[str, float]:
+        if not self.replays:
+            return {}
+        agreeing, compared = self.replays[id(self.model)].pop_counts()  # type: ignore[attr-defined]
+        return {
+            "routing/num_agreeing": float(agreeing),
+            "routing/num_compared": float(compared),
+            "time/routing_recompute": self._pop_routing_seconds(),
+        }
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
 
     def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         self.model.train()
-        return run_policy_update(self, batch, self.settings, step, self.skips)
+        self._pop_routing_seconds()
+        metrics = run_policy_update(self, batch, self.settings, step, self.skips)
+        if self.replays:
+            metrics["time/routing_train"] = self._pop_routing_seconds()
+        return metrics
 
     def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._logprobs(self.trained, micro, with_entropy=True)

@@ -19,12 +19,16 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from rlinf.config.schema import SamplingConfig
 from rlinf.models.logprobs import positions_from_mask, scale_logits
+
+if TYPE_CHECKING:
+    from rlinf.models.routing import ExpertRecorder
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class GenerationOutput:
     response_mask: torch.Tensor  # [B, R] bool, True on generated tokens (EOS included)
     logprobs: torch.Tensor  # [B, R] fp32, 0 on padding
     finish_reasons: list[str]  # "stop" (an EOS was produced) or "length"
+    # With a recorder: the experts each token was routed to (RolloutBatch.prompt/response_experts)
+    prompt_experts: torch.Tensor | None = None  # [B, P, MoE layers, top_k] uint8
+    response_experts: torch.Tensor | None = None  # [B, R, MoE layers, top_k] uint8, 0 where not fed
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -131,8 +138,11 @@ def sample(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     max_batch_size: int = 256,
+    recorder: ExpertRecorder | None = None,
 ) -> GenerationOutput:
     """Sample one response per prompt, `max_batch_size` prompts decoded together.
+
+    `recorder` (installed on `model`): also return the experts every fed token was routed to.
 
     Results are on the model's device, padded to the longest prompt and response over all chunks.
     `generator` (on the model's device) makes sampling deterministic by its seed.
@@ -154,10 +164,16 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), decode_attention_kernels(device):
+        with torch.inference_mode(), decode_attention_kernels(device), _recording(recorder):
             chunks = [
                 _sample_chunk(
-                    model, prompts[start : start + max_batch_size], params, eos_ids, pad_token_id, generator
+                    model,
+                    prompts[start : start + max_batch_size],
+                    params,
+                    eos_ids,
+                    pad_token_id,
+                    generator,
+                    recorder,
                 )
                 for start in range(0, len(prompts), max_batch_size)
             ]
@@ -184,6 +200,10 @@ def decode_attention_kernels(device: torch.device):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def _recording(recorder: ExpertRecorder | None):
+    return contextlib.nullcontext() if recorder is None else recorder.recording()
+
+
 def _sample_chunk(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -191,6 +211,7 @@ def _sample_chunk(
     eos_ids: torch.Tensor,
     pad_token_id: int,
     generator: torch.Generator | None,
+    recorder: ExpertRecorder | None = None,
 ) -> GenerationOutput:
     device = eos_ids.device
     prompt_len = max(len(p) for p in prompts)
@@ -217,6 +238,10 @@ def _sample_chunk(
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
+    prompt_experts = response_experts = None
+    if recorder is not None:
+        prompt_experts = recorder.take().unflatten(0, (batch, prompt_len))
+        response_experts = prompt_experts.new_zeros((batch, max_new, *prompt_experts.shape[2:]))
     # The new token's position is the number of real tokens before it, whatever the left padding.
     next_position = prompt_mask.sum(-1, keepdim=True)
     # Finished rows leave the batch (and the cache), so later steps only compute live rows.
@@ -252,6 +277,8 @@ def _sample_chunk(
             past_key_values=cache,
             use_cache=True,
         ).logits[:, -1]
+        if response_experts is not None:  # the forward just routed response column `step`
+            response_experts[rows, step] = recorder.take()  # type: ignore[union-attr]
         next_position = next_position + 1
 
     num_steps = step + 1
@@ -262,6 +289,8 @@ def _sample_chunk(
         response_mask=response_mask[:, :num_steps],
         logprobs=logprobs[:, :num_steps],
         finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
+        prompt_experts=prompt_experts,
+        response_experts=None if response_experts is None else response_experts[:, :num_steps],
     )
 
 
@@ -276,6 +305,12 @@ def _concatenate(chunks: list[GenerationOutput], pad_token_id: int) -> Generatio
     response_ids = first.response_ids.new_full((batch, response_len), pad_token_id)
     response_mask = first.response_mask.new_zeros((batch, response_len))
     logprobs = first.logprobs.new_zeros((batch, response_len))
+    prompt_experts = response_experts = None
+    if first.prompt_experts is not None and first.response_experts is not None:
+        prompt_experts = first.prompt_experts.new_zeros((batch, prompt_len, *first.prompt_experts.shape[2:]))
+        response_experts = first.response_experts.new_zeros(
+            (batch, response_len, *first.response_experts.shape[2:])
+        )
     row = 0
     for c in chunks:
         n, p, r = c.prompt_ids.shape[0], c.prompt_ids.shape[1], c.response_ids.shape[1]
@@ -284,6 +319,9 @@ def _concatenate(chunks: list[GenerationOutput], pad_token_id: int) -> Generatio
         response_ids[row : row + n, :r] = c.response_ids
         response_mask[row : row + n, :r] = c.response_mask
         logprobs[row : row + n, :r] = c.logprobs
+        if prompt_experts is not None and response_experts is not None:
+            prompt_experts[row : row + n, prompt_len - p :] = c.prompt_experts
+            response_experts[row : row + n, :r] = c.response_experts
         row += n
     return GenerationOutput(
         prompt_ids=prompt_ids,
@@ -292,4 +330,6 @@ def _concatenate(chunks: list[GenerationOutput], pad_token_id: int) -> Generatio
         response_mask=response_mask,
         logprobs=logprobs,
         finish_reasons=[reason for c in chunks for reason in c.finish_reasons],
+        prompt_experts=prompt_experts,
+        response_experts=response_experts,
     )

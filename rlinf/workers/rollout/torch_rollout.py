@@ -35,6 +35,12 @@ class TorchRollout(RolloutWorker):
         self.model.eval()
         self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
+        self.recorder = None
+        if cfg.algorithm.routing_replay.mode != "none":
+            from rlinf.models.routing import ExpertRecorder, routing_shape
+
+            routing_shape(self.model.config)  # a dense model or > 256 experts cannot be recorded
+            self.recorder = ExpertRecorder(self.model)
 
     def generate(
         self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
@@ -49,6 +55,7 @@ class TorchRollout(RolloutWorker):
             pad_token_id=self.pad_id,
             generator=generator,
             max_batch_size=self.cfg.rollout.max_batch_size,
+            recorder=self.recorder,
         )
         texts = [
             self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
@@ -64,6 +71,9 @@ class TorchRollout(RolloutWorker):
             finish_reasons=list(out.finish_reasons),
             response_text=texts,
             solutions=[item.solutions for item in repeated],
+            prompt_experts=None if out.prompt_experts is None else out.prompt_experts.cpu(),
+            response_experts=None if out.response_experts is None else out.response_experts.cpu(),
+            extras={} if self.recorder is None else {"time/routing_record": self.recorder.pop_seconds()},
         )
 
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
