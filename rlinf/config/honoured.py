@@ -146,6 +146,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "algorithm.routing_replay.mode": (
         TORCH_ROLLOUT.reads(TORCH_ROLLOUT_MODULE, VALIDATE),
         TORCH_ACTOR.reads(TORCH_ACTOR_MODULE),
+        MEGATRON_ACTOR.reads(MEGATRON_ACTOR_MODULE),
     ),
     # sampling: converted once into SamplingParams, which every rollout backend receives
     "algorithm.sampling_params.temperature": (ANY.reads(SAMPLING),),

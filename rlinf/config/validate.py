@@ -24,7 +24,7 @@ MODEL_TYPES = ("deepseek_v3",)
 LOGGER_BACKENDS = ("tensorboard",)
 # Backends that record (rollout) and replay (actor) MoE routing (algorithm.routing_replay).
 ROUTING_RECORDING_ROLLOUTS = ("torch",)
-ROUTING_REPLAYING_ACTORS = ("torch",)
+ROUTING_REPLAYING_ACTORS = ("torch", "megatron")
 
 
 def total_gpus(cfg: Config) -> int:

@@ -67,22 +67,44 @@ def packed_targets(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def right_padded_targets(
     batch: RolloutBatch, width: int, *, tp_rank: int = 0, tp_size: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Megatron's right-padded rows of `width` columns, sequence-major; with `tp_size` > 1 (sequence
-    parallel) the `tp_rank`-th of `tp_size` equal chunks of the sequence."""
+    """Megatron's right-padded rows of `width` columns (each row's real prompt, then all its
+    response columns), as its routers see them: sequence-major, and with `tp_size` > 1 (sequence
+    parallel) only the `tp_rank`-th of `tp_size` equal chunks of the sequence."""
     experts, mask, recorded = _columns(batch)
     rows, columns = mask.shape
     prompt_width = batch.prompt_ids.shape[1]
-    prompt_lens = batch.prompt_mask.sum(1)
     out = experts.new_zeros((rows, width, *experts.shape[2:]))
     out_recorded = torch.zeros(rows, width, dtype=torch.bool)
-    for i, p in enumerate(prompt_lens.tolist()):
+    for i, p in enumerate(batch.prompt_mask.sum(1).tolist()):
         source = torch.arange(prompt_width - p, columns)  # the real prompt, then every response column
         out[i, : len(source)] = experts[i, source]
         out_recorded[i, : len(source)] = recorded[i, source]
+    return _megatron_order(out, out_recorded, tp_rank, tp_size)
+
+
+def packed_thd_targets(
+    batch: RolloutBatch, width: int, *, tp_rank: int = 0, tp_size: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Megatron's packed THD row: the real tokens back to back, then padding up to `width` (a
+    multiple of `tp_size` under sequence parallelism); this TP rank's chunk of it."""
+    targets, recorded = packed_targets(batch)
+    pad = width - len(targets)
+    if pad < 0:
+        raise ValueError(f"routing replay: {len(targets)} packed tokens do not fit {width} columns")
+    targets = torch.cat([targets, targets.new_zeros((pad, *targets.shape[1:]))])
+    recorded = torch.cat([recorded, recorded.new_zeros(pad)])
+    return _megatron_order(targets[None], recorded[None], tp_rank, tp_size)
+
+
+def _megatron_order(
+    targets: torch.Tensor, recorded: torch.Tensor, tp_rank: int, tp_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T, ...] -> megatron's [T, B] token order flattened, this rank's sequence chunk only."""
+    width = targets.shape[1]
     if width % tp_size:
         raise ValueError(
             f"routing replay: {width} columns do not split over {tp_size} sequence-parallel ranks"
         )
     chunk = slice(tp_rank * width // tp_size, (tp_rank + 1) * width // tp_size)
-    out, out_recorded = out[:, chunk], out_recorded[:, chunk]
-    return out.transpose(0, 1).flatten(0, 1).long(), out_recorded.transpose(0, 1).flatten()
+    targets, recorded = targets[:, chunk], recorded[:, chunk]
+    return targets.transpose(0, 1).flatten(0, 1).long(), recorded.transpose(0, 1).flatten()

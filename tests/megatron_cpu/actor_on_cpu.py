@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from rlinf.config.schema import ActorConfig, Config, ModelConfig, OptimConfig
+from rlinf.config.schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    ModelConfig,
+    OptimConfig,
+    RoutingReplayConfig,
+)
 
 VOCAB = 64
 
 
-def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False):
+def build_actor(
+    path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False, routing_replay: str = "none"
+):
     """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
     from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
     from rlinf.config.megatron_settings import translate
@@ -28,12 +37,15 @@ def build_actor(path, moments: str, *, precision: str = "bf16", pack_sequences: 
     actor_cfg = ActorConfig(
         training_backend="megatron", seq_length=64, model=model, optim=optim, pack_sequences=pack_sequences
     )
-    cfg = Config(actor=actor_cfg)
+    cfg = Config(
+        actor=actor_cfg, algorithm=AlgorithmConfig(routing_replay=RoutingReplayConfig(routing_replay))
+    )
     actor = object.__new__(MegatronActor)
     actor.cfg, actor.te_available = cfg, False
     actor.megatron_settings = translate(cfg.actor, te_available=False)
     torch.manual_seed(0)
     actor._build_model(str(path))
+    actor._install_routing_replay()
     actor._build_optimizer()
     actor.optimizer_steps, actor.skips = 0, SkipCounter()
     actor.device, actor.tp_size, actor.tp_rank, actor.tp_group = torch.device("cpu"), 1, 0, None

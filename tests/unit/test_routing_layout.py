@@ -6,6 +6,7 @@ import torch
 from rlinf.data.batch import RolloutBatch
 from rlinf.data.routing import (
     packed_targets,
+    packed_thd_targets,
     padded_targets,
     recorded_mask,
     right_padded_targets,
@@ -119,6 +120,18 @@ def test_megatron_layout_is_right_padded_sequence_major_and_split_for_sequence_p
     assert torch.equal(torch.cat([h[0] for h in halves]), full)
     assert torch.equal(torch.cat([h[1] for h in halves]), full_rec)
     assert len(halves[0][0]) == width // 2 * len(batch)
+
+
+def test_megatron_packed_layout_pads_the_row_and_splits_it_for_sequence_parallel():
+    batch = _batch([3, 1, 2], [2, 4, 1])
+    real, real_rec = packed_targets(batch)
+    width = 16  # 13 real tokens + 3 padding, 4 sequence-parallel chunks of 4
+    full, full_rec = packed_thd_targets(batch, width)
+    assert torch.equal(full[: len(real)], real) and torch.equal(full_rec[: len(real)], real_rec)
+    assert not bool(full_rec[len(real) :].any())
+    chunks = [packed_thd_targets(batch, width, tp_rank=k, tp_size=4) for k in range(4)]
+    assert torch.equal(torch.cat([c[0] for c in chunks]), full)
+    assert [len(c[0]) for c in chunks] == [4] * 4
 
 
 def test_routing_travels_through_select_trim_shard_and_concat():

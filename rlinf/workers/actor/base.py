@@ -93,10 +93,12 @@ class ActorWorker(ABC):
         rows = dp_slice(len(batch), dp.rank, dp.size)
         mine = batch.select(list(range(rows.start, rows.stop))) if dp.size > 1 else batch
         old, ref = self.policy_logprobs(mine)
-        return LogprobRows(rows.start, old, ref, self.recompute_metrics()) if dp.reports else None
+        metrics = self.recompute_metrics()
+        return LogprobRows(rows.start, old, ref, metrics) if dp.reports else None
 
     def recompute_metrics(self) -> dict[str, float]:
-        """Metrics of the last `policy_logprobs` (routing agreement counts and replay time)."""
+        """Metrics of the last `policy_logprobs` (routing agreement counts and replay time).
+        Collective for sharded backends: every rank calls it."""
         return {}
 
     @abstractmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,6 +118,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
 
             self.spec = announce_spec(self.megatron_settings, self.te_available, cfg.runner.logger.log_path)
         self._build_model(resolve_model_path(cfg.actor.model.model_path))
+        self._install_routing_replay()
         self._build_optimizer()
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
@@ -173,6 +175,66 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         with te_wgrad_fusion_without_apex(self.provider):
             self.model = self.provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True)
         self.compute_dtype = self.provider.params_dtype
+
+    def _install_routing_replay(self) -> None:
+        """algorithm.routing_replay: every MoE router of the model answers from the recorded experts
+        (rlinf.models.megatron.routing_replay)."""
+        self.routing_mode = self.cfg.algorithm.routing_replay.mode
+        self.routing = None
+        self.routing_counting = False  # only the recompute counts routing agreement
+        self.routing_seconds = 0.0
+        if self.routing_mode != "none":
+            from rlinf.models.megatron.routing_replay import MegatronRoutingReplay
+
+            self.routing = MegatronRoutingReplay(self.model[0])
+
+    def _replay_routing(self, micro: RolloutBatch, width: int, packed: bool) -> None:
+        """Lay the micro-batch's recorded experts out in the routers' token order of this forward
+        (right-padded or packed THD, `width` columns; this rank's chunk under sequence parallelism)."""
+        if self.routing is None:
+            return
+        from rlinf.data.routing import has_routing, packed_thd_targets, right_padded_targets
+
+        if not has_routing(micro):
+            raise ValueError(
+                f"algorithm.routing_replay.mode={self.routing_mode}: the batch carries no recorded experts"
+            )
+        started = time.perf_counter()
+        split = self.cfg.actor.model.sequence_parallel and self.tp_size > 1
+        layout = packed_thd_targets if packed else right_padded_targets
+        targets, recorded = layout(
+            micro, width, tp_rank=self.tp_rank if split else 0, tp_size=self.tp_size if split else 1
+        )
+        self.routing.set_targets(
+            targets.to(self.device),
+            recorded.to(self.device),
+            force=self.routing_mode == "replay",
+            count=self.routing_counting,
+        )
+        self.routing_seconds += time.perf_counter() - started
+
+    def _pop_routing_seconds(self) -> float:
+        seconds = self.routing_seconds + (self.routing.pop_seconds() if self.routing is not None else 0.0)
+        self.routing_seconds = 0.0
+        return seconds
+
+    def recompute_metrics(self) -> dict[str, float]:
+        """Routing agreement counts of the last recompute, over the whole sequence: under sequence
+        parallelism each TP rank's routers saw only its chunk, so the counts are summed over TP."""
+        if self.routing is None:
+            return {}
+        counts = torch.tensor(self.routing.pop_counts(), dtype=torch.float64)
+        if self.cfg.actor.model.sequence_parallel and self.tp_size > 1:
+            import torch.distributed as dist
+
+            on_device = counts.to(self.device)
+            dist.all_reduce(on_device, group=self.tp_group)
+            counts = on_device.cpu()
+        return {
+            "routing/num_agreeing": float(counts[0]),
+            "routing/num_compared": float(counts[1]),
+            "time/routing_recompute": self._pop_routing_seconds(),
+        }
 
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -262,6 +324,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
     def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
         tokens, positions, params, index = self._packed_thd(micro)
+        self._replay_routing(micro, tokens.shape[1], packed=True)
         logits = self._logits(model, tokens, positions, packed_seq_params=params)
         mask = micro.response_mask.to(self.device).bool()
         logprobs, entropy = self._tempered(logits[:, index], micro.response_ids.to(self.device)[mask][None])
@@ -273,6 +336,7 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         if self.cfg.actor.pack_sequences:
             return self._packed_logprobs(model, micro)
         tokens, prompt_lens = self._right_padded(micro)
+        self._replay_routing(micro, tokens.shape[1], packed=False)
         tokens = tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
         logits = self._logits(model, tokens, positions)
@@ -289,14 +353,30 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         for chunk in self.model:
             chunk.eval()
         plan = micro_batch_rows(self, rows, self.settings)
-        return logprobs_in_row_order(rows, plan, lambda micro: self._logprobs(self.model[0], micro)[0]), None
+        self._pop_routing_seconds()
+        self.routing_counting = True
+        try:
+            old = logprobs_in_row_order(rows, plan, lambda micro: self._logprobs(self.model[0], micro)[0])
+        finally:
+            self.routing_counting = False
+            if self.routing is not None:
+                self.routing.clear()
+        return old, None
 
     # --- training: hooks of run_policy_update ------------------------------------------------------
 
     def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         for chunk in self.model:
             chunk.train()
-        return run_policy_update(self, batch, self.settings, step, self.skips)
+        self._pop_routing_seconds()
+        try:
+            metrics = run_policy_update(self, batch, self.settings, step, self.skips)
+        finally:
+            if self.routing is not None:
+                self.routing.clear()
+        if self.routing is not None:
+            metrics["time/routing_train"] = self._pop_routing_seconds()
+        return metrics
 
     def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._logprobs(self.model[0], micro)
