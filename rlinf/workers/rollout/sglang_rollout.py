@@ -22,14 +22,12 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, gpu_uuid
 from rlinf.workers.common import eos_token_ids, pad_token_id
-from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import (
     ALL_MEMORY_TAGS,
     check_expert_parallel,
     decode_responses,
-    engine_kwargs,
     engine_spans,
     expert_parallel_size,
     parse_outputs,
@@ -37,6 +35,7 @@ from rlinf.workers.rollout.sglang_args import (
     sampling_dicts,
 )
 from rlinf.workers.rollout.sglang_engine import SGLangEngine, import_sglang
+from rlinf.workers.rollout.sglang_settings import check_flashmla, engine_settings
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +60,18 @@ class SGLangRollout(RolloutWorker):
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
         self.eos_ids = eos_token_ids(_generation_config(self.model_path), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
-        kwargs = engine_kwargs(
+        settings = engine_settings(
             cfg,
             model_path=self.model_path,
+            hf_config=hf_config,
             colocated=self.colocated,
             needs_tokenizer=cfg.algorithm.sampling_params.min_new_tokens > 0,
         )
-        # Our tuned MoE kernel tables, where we have one for this engine's expert shape (the
-        # engine's processes inherit this process's environment).
-        os.environ.update(moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"]))
-        self.engine = SGLangEngine(kwargs, where=self.where)
+        check_flashmla(settings.kwargs, self.where)
+        # Our tuned MoE kernel tables where they cover this engine's expert shape, and the sampler
+        # plugin (the engine's processes inherit this process's environment).
+        os.environ.update(settings.env)
+        self.engine = SGLangEngine(settings.kwargs, where=self.where)
 
     def _select_gpus(self, local_ids: Sequence[int]) -> None:
         """Ray shows this worker only its own GPU; a TP engine needs the whole span (its children

@@ -1,0 +1,104 @@
+"""Everything an rlinf SGLang engine starts with: the recipe's engine arguments (`engine_kwargs`),
+the engine settings chosen by measurement (`MEASURED_ENGINE_ARGS`), and the environment of its
+processes (our tuned MoE kernel tables where they cover the engine's expert shape, rlinf's sampler
+plugin). The rollout worker and `benchmarks/rollout_decode.py` both start engines from
+`engine_settings`, so a benchmark's default engine is the engine users get.
+
+Pure Python (no sglang import, no CUDA), tested on the CPU (tests/unit/test_sglang_settings.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlinf.config.schema import Config
+from rlinf.workers.rollout import moe_configs
+from rlinf.workers.rollout.sglang_args import engine_kwargs
+from rlinf.workers.rollout.sglang_hooks import ENV_SWITCH as HOOKS_SWITCH
+
+logger = logging.getLogger(__name__)
+
+# SGLang engine arguments chosen by measurement at Moonlight's full depth (27 layers) on Hopper,
+# each with its gain over the generic configuration measured in the same run (docs/benchmarks.md,
+# "SGLang decode at full depth"; `bash tests/gpu/sglang_gpu_checks.sh depth27` measures them).
+# The one place such choices go. Each applies only where the recipe leaves the field unset (a
+# recipe key that maps to the field wins); a FlashMLA choice applies only where the kernel is
+# installed. Empty until the full-depth sweep has measured a gain.
+MEASURED_ENGINE_ARGS: dict[str, Any] = {}
+
+FLASHMLA = "flashmla"
+FLASHMLA_KERNEL_GLOB = "flashmla_ops*.so"  # sglang-kernel's FlashMLA extension (sgl_kernel/flash_mla.py)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    kwargs: dict[str, Any]  # sglang.Engine(**kwargs)
+    env: dict[str, str]  # set in the starting process; the engine's processes inherit it
+
+
+def flashmla_kernel() -> Path | None:
+    """The installed sglang-kernel's FlashMLA extension, found without importing sgl_kernel (which
+    loads CUDA libraries); None when sglang-kernel is absent or was built without it."""
+    spec = importlib.util.find_spec("sgl_kernel")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob(FLASHMLA_KERNEL_GLOB))
+        if found:
+            return found[0]
+    return None
+
+
+def uses_flashmla(kwargs: dict[str, Any]) -> bool:
+    return FLASHMLA in (kwargs.get("attention_backend"), kwargs.get("decode_attention_backend"))
+
+
+def check_flashmla(kwargs: dict[str, Any], where: str) -> None:
+    """An engine asked for FlashMLA on a machine without the kernel: one message, before SGLang's
+    scheduler dies on the missing extension."""
+    if uses_flashmla(kwargs) and flashmla_kernel() is None:
+        raise ValueError(
+            f"{where}: rollout.sglang.attention_backend / decode_attention_backend = flashmla needs "
+            f"sglang-kernel's FlashMLA extension (sgl_kernel/{FLASHMLA_KERNEL_GLOB}), which the installed "
+            "sglang-kernel lacks; install the full sglang-kernel wheel or choose another backend"
+        )
+
+
+def measured_args(kwargs: dict[str, Any], measured: dict[str, Any], flashmla: bool) -> dict[str, Any]:
+    """`measured` on top of the recipe's `kwargs`: a field the recipe set keeps its value, and a
+    FlashMLA decode choice is left out where the kernel is missing (the engine starts without it)."""
+    chosen = {k: v for k, v in measured.items() if k not in kwargs}
+    if chosen.get("decode_attention_backend") == FLASHMLA and not flashmla:
+        logger.info("measured default decode_attention_backend=flashmla skipped: the kernel is not installed")
+        chosen.pop("decode_attention_backend")
+    if "decode_attention_backend" in chosen:  # SGLang's hybrid backend: prefill keeps the recipe's
+        chosen["prefill_attention_backend"] = kwargs.get("attention_backend")
+    return {**kwargs, **chosen}
+
+
+def engine_settings(
+    cfg: Config,
+    *,
+    model_path: str,
+    hf_config: dict,
+    colocated: bool,
+    base_gpu_id: int = 0,
+    needs_tokenizer: bool = False,
+    measured: dict[str, Any] | None = None,
+) -> EngineSettings:
+    """The engine one rollout worker starts for this recipe and checkpoint (`hf_config`: its
+    config.json). `measured` replaces MEASURED_ENGINE_ARGS (benchmarks measure against {})."""
+    kwargs = engine_kwargs(
+        cfg,
+        model_path=model_path,
+        colocated=colocated,
+        base_gpu_id=base_gpu_id,
+        needs_tokenizer=needs_tokenizer,
+    )
+    choices = MEASURED_ENGINE_ARGS if measured is None else measured
+    kwargs = measured_args(kwargs, choices, flashmla=flashmla_kernel() is not None)
+    env = moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"])
+    env[HOOKS_SWITCH] = "1"  # rlinf's lighter sampler (sglang_hooks.py)
+    return EngineSettings(kwargs, env)
