@@ -145,6 +145,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     # Recorded by the rollout, replayed by the actor; validation refuses backends that cannot.
     "algorithm.routing_replay.mode": (
         TORCH_ROLLOUT.reads(TORCH_ROLLOUT_MODULE, VALIDATE),
+        SGLANG_ROLLOUT.reads(SGLANG_ARGS, SGLANG_ROLLOUT_MODULE),
         TORCH_ACTOR.reads(TORCH_ACTOR_MODULE),
         MEGATRON_ACTOR.reads(MEGATRON_ACTOR_MODULE),
     ),

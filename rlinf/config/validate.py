@@ -23,7 +23,7 @@ ROLLOUT_BACKENDS = ("torch", "sglang")
 MODEL_TYPES = ("deepseek_v3",)
 LOGGER_BACKENDS = ("tensorboard",)
 # Backends that record (rollout) and replay (actor) MoE routing (algorithm.routing_replay).
-ROUTING_RECORDING_ROLLOUTS = ("torch",)
+ROUTING_RECORDING_ROLLOUTS = ("torch", "sglang")
 ROUTING_REPLAYING_ACTORS = ("torch", "megatron")
 
 

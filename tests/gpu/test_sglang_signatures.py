@@ -7,7 +7,7 @@ import inspect
 from dataclasses import replace
 from pathlib import Path
 
-from rlinf.config.schema import Config
+from rlinf.config.schema import Config, RoutingReplayConfig
 from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import engine_kwargs, sampling_dicts
@@ -28,7 +28,8 @@ def test_server_args_have_every_field_we_set(sglang_installed):
 
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
     split = replace(Config().rollout.sglang, decode_attention_backend="flashmla")
-    cfg = replace(Config(), rollout=replace(Config().rollout, sglang=split))
+    replay = replace(Config().algorithm, routing_replay=RoutingReplayConfig("replay"))
+    cfg = replace(Config(), rollout=replace(Config().rollout, sglang=split), algorithm=replay)
     ours = set(engine_kwargs(cfg, model_path="/x", colocated=True)) | {"custom_sigquit_handler"}
     assert not ours - fields, f"ServerArgs lacks {sorted(ours - fields)}"
     assert "enable_ep_moe" not in fields  # why rollout.sglang.enable_ep_moe maps to ep_size

@@ -163,12 +163,6 @@ CASES = [
         ["algorithm.routing_replay.mode=measure", "algorithm.recompute_logprobs=false"],
         "algorithm.routing_replay.mode: measure measures routing agreement in the actor's logprob recompute",
     ),
-    (
-        "check_routing_replay",
-        MOONLIGHT,
-        ["algorithm.routing_replay.mode=replay"],
-        "rollout.rollout_backend=sglang cannot (these can: torch)",
-    ),
     ("check_data", TINY, ["data.type=math"], "data.train_data_paths: empty"),
     ("check_data", TINY, FILES, "data.val_data_paths: empty but runner.val_check_interval > 0"),
     ("check_data", TINY, ["actor.model.model_path=''"], "actor.model.model_path: empty"),

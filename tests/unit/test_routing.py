@@ -141,3 +141,18 @@ def test_sampling_records_the_experts_a_full_forward_routes_each_token_to(model)
         fed = full[: len(prompt) + len(response) - 1]
         assert torch.equal(recorded.sort(-1).values, fed.sort(-1).values), f"row {i}"
         assert bool((out.response_experts[i, lengths[i] - 1 :] == 0).all()), "unfed columns stay 0"
+
+
+def test_a_backend_that_cannot_record_or_replay_is_refused(monkeypatch):
+    """Every shipped backend records (rollout) and replays (actor); one outside the lists is refused."""
+    from rlinf.config import ConfigError, load_config
+    from rlinf.config import validate as validate_module
+
+    replay = ["algorithm.routing_replay.mode=replay"]
+    load_config("moonlight-16b-grpo-megatron", replay)  # sglang records, megatron replays
+    monkeypatch.setattr(validate_module, "ROUTING_RECORDING_ROLLOUTS", ("torch",))
+    with pytest.raises(ConfigError, match="rollout.rollout_backend=sglang cannot"):
+        load_config("moonlight-16b-grpo-megatron", replay)
+    monkeypatch.setattr(validate_module, "ROUTING_REPLAYING_ACTORS", ("torch",))
+    with pytest.raises(ConfigError, match="actor.training_backend=megatron cannot"):
+        load_config("moonlight-16b-grpo-megatron", [*replay, "rollout.rollout_backend=torch"])

@@ -75,6 +75,8 @@ def engine_kwargs(
     }
     if s.cuda_graph_max_bs == 0:
         kwargs.pop("cuda_graph_max_bs")
+    if cfg.algorithm.routing_replay.mode != "none":  # replies carry each token's experts (sglang_routing.py)
+        kwargs["enable_return_routed_experts"] = True
     if s.decode_attention_backend:
         kwargs.update(
             prefill_attention_backend=s.attention_backend, decode_attention_backend=s.decode_attention_backend

@@ -28,7 +28,7 @@ from rlinf.workers.rollout.sglang_hooks import enable_for_children as enable_rli
 INSTALL_HINT = f"rollout.rollout_backend=sglang needs sglang 0.5.12 (Python 3.12, CUDA); {GPU_STACK_HINT}"
 # (object, method) pairs of sglang.Engine this module calls, with the keyword arguments it passes.
 SGLANG_CALLS: dict[str, tuple[str, ...]] = {
-    "async_generate": ("input_ids", "sampling_params", "return_logprob"),
+    "async_generate": ("input_ids", "sampling_params", "return_logprob", "return_routed_experts"),
     "update_weights_from_tensor": ("named_tensors", "load_format", "flush_cache"),
     "init_weights_update_group": (
         "master_address",
@@ -164,7 +164,11 @@ class SGLangEngine:
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
-        self, input_ids: Sequence[Sequence[int]], sampling_params: list[dict[str, Any]]
+        self,
+        input_ids: Sequence[Sequence[int]],
+        sampling_params: list[dict[str, Any]],
+        *,
+        return_routed_experts: bool = False,
     ) -> list[dict]:
         if self.weights_stale:
             raise RuntimeError(
@@ -177,7 +181,10 @@ class SGLangEngine:
             )
         outputs = self._run(
             self.engine.async_generate(
-                input_ids=[list(p) for p in input_ids], sampling_params=sampling_params, return_logprob=True
+                input_ids=[list(p) for p in input_ids],
+                sampling_params=sampling_params,
+                return_logprob=True,
+                **({"return_routed_experts": True} if return_routed_experts else {}),
             )
         )
         return outputs if isinstance(outputs, list) else [outputs]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,6 +58,11 @@ class SGLangRollout(RolloutWorker):
         self.model_path = resolve_model_path(r.model.model_path or cfg.actor.model.model_path)
         hf_config = _hf_config(self.model_path)
         check_expert_parallel(hf_config.get("n_routed_experts"), expert_parallel_size(cfg), self.where)
+        self.routing = None
+        if cfg.algorithm.routing_replay.mode != "none":
+            from rlinf.workers.rollout.sglang_routing import EngineRouting
+
+            self.routing = EngineRouting.from_hf_config(hf_config)
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=cfg.actor.model.trust_remote_code)
         self.eos_ids = eos_token_ids(_generation_config(self.model_path), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
@@ -96,7 +102,8 @@ class SGLangRollout(RolloutWorker):
         repeated = [item for item in prompts for _ in range(n)]
         input_ids = [list(item.prompt_ids) for item in repeated]
         requests = sampling_dicts(params, self.eos_ids, request_seeds(seed, len(input_ids)))
-        parsed = parse_outputs(self.engine.generate(input_ids, requests), input_ids, self.pad_id)
+        outputs = self.engine.generate(input_ids, requests, return_routed_experts=self.routing is not None)
+        parsed = parse_outputs(outputs, input_ids, self.pad_id)
         texts = decode_responses(
             parsed, lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True))
         )
@@ -110,7 +117,30 @@ class SGLangRollout(RolloutWorker):
             finish_reasons=parsed.finish_reasons,
             response_text=texts,
             solutions=[item.solutions for item in repeated],
+            **self._routed_experts(outputs, parsed),
         )
+
+    def _routed_experts(self, outputs: list[dict], parsed) -> dict:
+        """algorithm.routing_replay: the replies' routed experts as RolloutBatch fields (and the
+        seconds the conversion took)."""
+        if self.routing is None:
+            return {}
+        from rlinf.workers.rollout.sglang_routing import routed_experts
+
+        started = time.perf_counter()
+        prompt, response = routed_experts(
+            outputs,
+            parsed.prompt_mask.sum(1).tolist(),
+            parsed.response_mask.sum(1).tolist(),
+            parsed.prompt_ids.shape[1],
+            parsed.response_ids.shape[1],
+            self.routing,
+        )
+        return {
+            "prompt_experts": prompt,
+            "response_experts": response,
+            "extras": {"time/routing_record": time.perf_counter() - started},
+        }
 
     # -- weights (driven by rlinf.weight_sync) ------------------------------------------------
     def weight_sync_info(self) -> dict:
