@@ -27,7 +27,7 @@ def test_actor_state_round_trips_and_the_next_update_is_identical(random_tiny_ch
     from rlinf.workers.rollout.sampling import SamplingParams
     from rlinf.workers.rollout.torch_rollout import TorchRollout
 
-    # warmup_constant over 2 steps (tiny recipe): the LR of the next step depends on the schedule.
+    # The tiny recipe warms up over 2 steps, then decays: the LR of the next step depends on the schedule.
     cfg = small_config(random_tiny_checkpoint, tmp_path, **{"actor.optim.lr": 1e-2})
     train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
     rollout = TorchRollout(cfg)
