@@ -9,6 +9,9 @@ memory transitions (grouped as offload_onload), with memory/<transition>_gib aft
     python -m benchmarks.grpo_step_runner [--actor megatron|torch] [--rollout sglang|torch]
         [--prompts 32] [--group-size 8] [--prompt-len 256] [--new-tokens 512] [--steps 3]
         [--sweep-new-tokens 256,1024] [--sweep-prompts 8,16] [--plot docs/grpo_step_runner.png]
+    python -m benchmarks.grpo_step_runner --routing-replay none,measure,replay
+        # one run per algorithm.routing_replay.mode instead of "main" (docs/routing_replay.md):
+        # routing agreement without replay, logprob mismatch off and on, the feature's time and bytes
     python -m benchmarks.grpo_step_runner --smoke  # CPU: the tiny recipe, torch backends, 2 steps
     python -m benchmarks.grpo_step_runner --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
         # one plot from the rows of several runs
@@ -70,7 +73,27 @@ def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
         "phase_share": {k: round(v / step, 3) for k, v in seconds.items()},
         "memory_gib_after": memory,
         "logprob_abs_diff": round(mean("rollout/logprob_abs_diff"), 5),
+        "logprob_abs_diff_max": round(
+            max(float(r.get("rollout/logprob_abs_diff_max", 0.0)) for r in timed), 5
+        ),
+        **routing_summary(timed, mean),
     }
+
+
+ROUTING_TIMES = ("time/routing_record", "time/routing_recompute", "time/routing_train")
+
+
+def routing_summary(timed: list[dict[str, Any]], mean) -> dict[str, Any]:
+    """With algorithm.routing_replay on: agreement, the recorded bytes and seconds per step."""
+    if not any("routing/bytes" in r for r in timed):
+        return {}
+    out = {
+        "routing_bytes": round(mean("routing/bytes")),
+        **{k.removeprefix("time/") + "_seconds": round(mean(k), 4) for k in ROUTING_TIMES},
+    }
+    if any("routing/agreement" in r for r in timed):
+        out["routing_agreement"] = round(mean("routing/agreement"), 5)
+    return out
 
 
 def write_prompts(path: Path, num: int, length: int, vocab: int, seed: int) -> None:
@@ -125,7 +148,9 @@ def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_t
     ]
 
 
-def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) -> dict[str, Any]:
+def run_once(
+    args, checkpoint: Path, prompts: int, new_tokens: int, tag: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     out = Path(args.work_dir) / tag
     out.mkdir(parents=True, exist_ok=True)
     data = out / "prompts.jsonl"
@@ -133,7 +158,7 @@ def run_once(args, checkpoint: Path, prompts: int, new_tokens: int, tag: str) ->
         write_prompts(data, prompts * args.steps, args.prompt_len, args.vocab, seed=len(tag))
     recipe = "tiny-moe-grpo-cpu" if args.smoke else "moonlight-16b-grpo-megatron"
     cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe]
-    cmd += overrides(args, checkpoint, data, out, prompts, new_tokens)
+    cmd += [*overrides(args, checkpoint, data, out, prompts, new_tokens), *extra]
     shutil.rmtree(out / "logs", ignore_errors=True)  # an earlier run's metrics are not this run's
     started = time.perf_counter()
     timed_out = False
@@ -272,6 +297,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--save-at-end", action="store_true", help="keep the runner's final checkpoint save")
+    parser.add_argument(
+        "--routing-replay", default="", metavar="MODES",
+        help="comma list of algorithm.routing_replay.mode values (none,measure,replay): one run each, instead of main",
+    )  # fmt: skip
     parser.add_argument("--plot-rows", nargs="+", type=Path, default=None, metavar="ROWS_JSONL")
     parser.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE",
@@ -301,16 +330,23 @@ def main() -> None:
         "rollout": "torch" if args.smoke else args.rollout,
         "prompt_len": args.prompt_len,
         "group_size": args.group_size,
-        "main": run_once(args, checkpoint, args.prompts, args.new_tokens, "main"),
         "sweep": [],
     }
+    modes = [m for m in args.routing_replay.split(",") if m]
+    for mode in modes:
+        extra = (f"algorithm.routing_replay.mode={mode}",)
+        result[f"routing_{mode}"] = run_once(
+            args, checkpoint, args.prompts, args.new_tokens, f"routing-{mode}", extra
+        )
+    if not modes:
+        result["main"] = run_once(args, checkpoint, args.prompts, args.new_tokens, "main")
     for n in (int(x) for x in args.sweep_new_tokens.split(",") if x):
         row = run_once(args, checkpoint, args.prompts, n, f"new{n}") | {"varied": "new_tokens"}
         result["sweep"].append(row)
     for p in (int(x) for x in args.sweep_prompts.split(",") if x):
         row = run_once(args, checkpoint, p, args.new_tokens, f"prompts{p}") | {"varied": "responses"}
         result["sweep"].append(row)
-    if args.plot and result["sweep"]:
+    if args.plot and result["sweep"] and "main" in result:
         shared = [result["main"] | {"varied": key} for key in ("new_tokens", "responses")]
         plot(result["sweep"] + shared, Path(args.plot))
         result["plot"] = args.plot
