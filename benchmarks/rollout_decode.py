@@ -6,10 +6,11 @@ exactly --prompt-len random tokens, temperature 1, no truncation; tokens/s count
 over the whole call (prefill included). Each backend also times the same batch with one new token
 (the prefill and first token alone), so decode_tokens_per_s = batch x (new tokens - 1) / (whole
 call - that call): the decode steps alone, as SGLang's bench_one_batch separates prefill from
-decode. The bound: every weight byte read once per decode step at the device-copy bandwidth
-measured here (read + write bytes of a 4 GiB device-to-device copy), so bound tokens/s = batch x
-bandwidth / weight bytes; it bounds decode steps, so decode_fraction_of_bound is the like-for-like
-share. Prints one JSON object.
+decode. Two bounds, both at the device-copy bandwidth measured here (read + write bytes of a 4 GiB
+device-to-device copy) and both of decode steps: every weight byte a step reads (all but the input
+embedding table) -> decode_fraction_of_bound; those plus the MLA KV cache of the batch at the
+decode's average context -> decode_fraction_of_kv_bound (benchmarks/decode_bounds.py). Prints one
+JSON object; --rows FILE also appends each row as a JSON line as soon as it is measured.
 
     python -m benchmarks.rollout_decode [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
         [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
@@ -19,6 +20,10 @@ share. Prints one JSON object.
         [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode,
                                   # rlinf's lighter sampler: {"hooks": {"env": {"RLINF_SGLANG_HOOKS": 1}}}
         [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
+        [--tail-lengths 2048,4096]  # SGLang: instead of the fixed-length batches, per length one
+                                  # fixed-length call and one of mixed lengths (decode_bounds.
+                                  # response_lengths) timed per request: the tail of the step
+        [--time-budget-s 500]     # start no engine that would likely end past this; report the rest
         [--sdpa-backends flash,efficient,math]  # torch / generate: the SDPA kernels allowed (default:
                                   # torch's choice, cuDNN first on Hopper; the torch rollout's decode
                                   # leaves cuDNN out itself, sampling.decode_attention_kernels); one
@@ -35,14 +40,17 @@ import gc
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from benchmarks._common import device_copy_bandwidth, emit, environment, gib, slice_model, timed, weight_bytes
+from benchmarks.decode_bounds import decode_bounds, kv_bytes_per_token, response_lengths, tail_report
 from rlinf.workers.rollout.sampling import SamplingParams, choose_next_tokens, sample
 
 PROFILE_STEPS = 24
+ROWS: Path | None = None  # --rows
 EOS = 163586  # Moonlight's; masked by min_new_tokens everywhere, so rows never stop early
 DEVICE = "cuda"  # --smoke: "cpu", with a small random model, to check the script itself
 
@@ -103,6 +111,27 @@ def run_sglang(prompts, new_tokens: int, engine) -> float:
     )
     assert all(len(o["output_ids"]) == new_tokens for o in outs)
     return seconds
+
+
+def run_sglang_per_request(prompts, lengths: list[int], engine) -> tuple[list[float], float]:
+    """Every prompt as its own request, submitted together (one batch, as the rollout's), each with
+    its own max_new_tokens: (seconds from submission to each request's end, whole call)."""
+    import asyncio
+    import time
+
+    start = time.perf_counter()
+
+    async def one(prompt, length):
+        params = {"temperature": 1.0, "max_new_tokens": length, "ignore_eos": True}
+        out = await engine.async_generate(input_ids=prompt, sampling_params=params, return_logprob=True)
+        assert len(out["output_ids"]) == length
+        return time.perf_counter() - start
+
+    async def batch():
+        return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths, strict=True)))
+
+    finishes = engine.loop.run_until_complete(batch())
+    return list(finishes), time.perf_counter() - start
 
 
 def run_in_process(backend: str, model, prompts, args, entry: dict, compare) -> None:
@@ -219,6 +248,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l", help="for sglang")
     parser.add_argument("--sglang-mem-fraction", type=float, default=0.5)
     parser.add_argument(
+        "--sglang-attention", default="triton", help="rollout.sglang.attention_backend of every engine"
+    )
+    parser.add_argument(
         "--sglang-arg",
         action="append",
         default=[],
@@ -233,9 +265,15 @@ def main() -> None:
         "--sglang-variants",
         default="{}",
         metavar="JSON",
-        help='more engines measured after the base one, in the same run: {"name": {engine kwargs..., '
-        '"env": {VAR: value}}}, e.g. {"tuned_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": "/abs/moe_configs"}}}',
+        help="more engines measured after the base one (the rollout's engine: sglang_settings.engine_settings), "
+        'in the same run: {"name": {engine kwargs..., "env": {VAR: value or null to unset}}}, e.g. '
+        '{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}}',
     )
+    parser.add_argument("--tail-lengths", default="", help="comma list of max new tokens (SGLang)")
+    parser.add_argument("--tail-share", type=float, default=0.9)
+    parser.add_argument("--group-size", type=int, default=8, help="GRPO group of the tail report")
+    parser.add_argument("--time-budget-s", type=float, default=0.0, help="0 = no budget")
+    parser.add_argument("--rows", type=Path, default=None, help="append every row here as a JSON line")
     parser.add_argument(
         "--sdpa-backends",
         default=None,
@@ -243,6 +281,8 @@ def main() -> None:
         "may use (the torch rollout's decode also leaves cuDNN out on CUDA)",
     )
     args = parser.parse_args()
+    global ROWS
+    ROWS = args.rows
 
     batches = [int(b) for b in args.batches.split(",")]
     backends = args.backends.split(",")
@@ -263,6 +303,7 @@ def main() -> None:
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "layers": args.layers,
+        "tail_lengths": args.tail_lengths or None,
         "sdpa_backends": args.sdpa_backends or "torch default",
         "runs": [],
     }
@@ -275,23 +316,32 @@ def main() -> None:
         model = random_deepseek_v3(SMALL_SETTINGS, vocab_size=512, eos_token_id=EOS)
     if model is not None:
         nbytes = weight_bytes(model)
-        vocab = model.config.vocab_size
+        read_bytes = nbytes - weight_bytes(model.get_input_embeddings())
+        hf_config = model.config.to_dict()
     else:
         from rlinf.models.slice import moonlight_slice_config
 
-        vocab = moonlight_slice_config(args.layers)["vocab_size"]
-        nbytes = 0
+        hf_config = moonlight_slice_config(args.layers)
+    vocab = hf_config["vocab_size"]
     if "sglang" in backends:
         ensure_checkpoint(Path(args.checkpoint), args.layers)
-        nbytes = nbytes or checkpoint_weight_bytes(Path(args.checkpoint))
+        hf_config = json.loads((Path(args.checkpoint) / "config.json").read_text())
+        if model is None:
+            tensors = checkpoint_tensor_bytes(Path(args.checkpoint))
+            nbytes = sum(tensors.values())
+            read_bytes = nbytes - tensors.get("model.embed_tokens.weight", 0)
+    result["layers"] = hf_config["num_hidden_layers"]
     result["weight_GiB"] = gib(nbytes)
-    step_seconds_bound = nbytes / bandwidth
+    result["weight_read_per_step_GiB"] = gib(read_bytes)
+    kv_token = kv_bytes_per_token(hf_config)
+    result["kv_cache_bytes_per_token"] = kv_token
     in_process = [b for b in backends if b != "sglang"]
 
     entries = {}
     for batch in batches:
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-        entries[batch] = entry = {"batch": batch, "bound_tokens_per_s": round(batch / step_seconds_bound, 1)}
+        bounds = decode_bounds(batch, args.prompt_len, args.new_tokens, read_bytes, kv_token, bandwidth)
+        entries[batch] = entry = {"batch": batch, **bounds}
         entry["backends"] = []
         for backend in in_process:
             with in_process_attention():
@@ -310,36 +360,77 @@ def main() -> None:
         del model
         gc.collect()
         torch.cuda.empty_cache()
+        tail = {"lengths": [int(n) for n in args.tail_lengths.split(",") if n], "read": read_bytes}
+        tail.update(kv_token=kv_token, bandwidth=bandwidth)
+        started, longest = time.perf_counter(), 0.0
         for name, variant in variants.items():
+            elapsed = time.perf_counter() - started
+            if args.time_budget_s and elapsed + 1.1 * longest > args.time_budget_s:
+                result.setdefault("sglang_variants_not_run", []).append(name)  # the call's time is up
+                continue
+            variant_started = time.perf_counter()
             try:
-                profile = measure_sglang(name, variant, entries, batches, vocab, args)
+                profile = measure_sglang(name, variant, entries, batches, hf_config, args, tail, result)
+            except VariantUnavailable as exc:
+                result.setdefault("sglang_variant_unavailable", {})[name] = str(exc)
+                print({name: str(exc)}, file=sys.stderr, flush=True)
+                continue
             except Exception as exc:  # a variant the installed SGLang cannot run: say so, go on
                 result.setdefault("sglang_variant_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
                 print({name: result["sglang_variant_errors"][name]}, file=sys.stderr, flush=True)
                 continue
+            finally:
+                longest = max(longest, time.perf_counter() - variant_started)
             if profile:
                 result.setdefault("sglang_decode_profile", {})[name] = profile
     emit(result)
 
 
+class VariantUnavailable(RuntimeError):
+    """A variant this machine cannot run (a kernel the installed sglang-kernel lacks)."""
+
+
 def measure_sglang(
-    name: str, variant: dict, entries: dict, batches: list[int], vocab: int, args
+    name: str,
+    variant: dict,
+    entries: dict,
+    batches: list[int],
+    hf_config: dict,
+    args,
+    tail: dict,
+    result: dict,
 ) -> dict | None:
-    """One engine (base arguments + the variant's, under the variant's extra environment), every
-    batch, then the optional decode profile; the engine is shut down before the next variant."""
+    """One engine (the rollout's engine for this checkpoint + the variant's arguments, under the
+    variant's environment), every batch (or the tail runs), then the optional decode profile; the
+    engine is shut down before the next variant."""
     variant = dict(variant)
-    env = {k: str(v) for k, v in variant.pop("env", {}).items()}
+    env_changes = variant.pop("env", {})
+    kwargs, env = engine_arguments(Path(args.checkpoint), hf_config, args, variant, env_changes)
+    from rlinf.workers.rollout.sglang_settings import flashmla_kernel, uses_flashmla
+
+    if uses_flashmla(kwargs) and flashmla_kernel() is None:
+        raise VariantUnavailable("FlashMLA: the installed sglang-kernel has no sgl_kernel/flashmla_ops*.so")
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the engine's processes inherit it at start
+    for k, v in env.items():  # the engine's processes inherit it at start
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
-        engine = start_sglang(Path(args.checkpoint), args, variant)
+        engine = start_sglang(kwargs)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    extra = {"variant": variant, "env": env_changes} if variant or env_changes else {}
+    vocab = hf_config["vocab_size"]
     try:
+        if tail["lengths"]:
+            for batch in batches:
+                measure_tail(name, engine, batch, vocab, args, tail, result, extra)
+            return None
         for batch in batches:
             prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
             # Warm-up at the measured batch shape: the first prefill and decode of a shape compile
@@ -348,17 +439,47 @@ def measure_sglang(
             # Repeats, median reported: single measurements of one engine scatter by up to 2x.
             times = sorted(run_sglang(prompts, args.new_tokens, engine) for _ in range(args.sglang_repeats))
             prefills = sorted(run_sglang(prompts, 1, engine) for _ in range(args.sglang_repeats))
-            extra = {"variant": variant, "env": env} if variant or env else {}
-            extra.update(
-                all_seconds=[round(t, 3) for t in times], all_prefill_seconds=[round(t, 3) for t in prefills]
+            timings = {"all_seconds": [round(t, 3) for t in times]}
+            timings["all_prefill_seconds"] = [round(t, 3) for t in prefills]
+            add_run(
+                entries[batch], name, args.new_tokens, median(times), median(prefills), **extra, **timings
             )
-            add_run(entries[batch], name, args.new_tokens, median(times), median(prefills), **extra)
         if args.sglang_profile:
             prompts = random_prompts(batches[-1], args.prompt_len, vocab, seed=7)
             return profile_sglang_decode(engine, prompts, args.sglang_profile / name.replace(":", "-"))
         return None
     finally:
         engine.shutdown()
+
+
+def measure_tail(
+    name: str, engine, batch: int, vocab: int, args, tail: dict, result: dict, extra: dict
+) -> None:
+    """Per length: one call of exactly that many new tokens (decode rate against both bounds), and
+    one of mixed lengths up to it, timed per request (the tail of the step)."""
+    prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+    run_sglang(prompts, 4, engine)  # warm-up at this batch shape
+    prefill = run_sglang(prompts, 1, engine)
+    for length in tail["lengths"]:
+        bounds = decode_bounds(
+            batch, args.prompt_len, length, tail["read"], tail["kv_token"], tail["bandwidth"]
+        )
+        entry = {"batch": batch, "new_tokens": length, **bounds, "backends": []}
+        add_run(entry, name, length, run_sglang(prompts, length, engine), prefill, **extra)
+        lengths = response_lengths(batch, length, seed=batch)
+        finishes, seconds = run_sglang_per_request(prompts, lengths, engine)
+        report = tail_report(finishes, lengths, args.group_size, args.tail_share)
+        row = {
+            "backend": name,
+            "batch": batch,
+            "max_new_tokens": length,
+            "prefill_seconds": round(prefill, 3),
+        }
+        row.update(report, call_seconds=round(seconds, 3), **extra)
+        entry["tail"] = row
+        result.setdefault("tail_runs", []).append(entry)
+        write_row({"tail": row})
+        print({"tail": row}, file=sys.stderr, flush=True)
 
 
 def median(values: list[float]) -> float:
@@ -372,7 +493,13 @@ def add_run(
     """One backend's row: the whole call (`seconds`, prefill included) and its decode steps alone
     (`seconds` minus a one-new-token call of the same batch, `prefill_seconds`)."""
     batch, bound = entry["batch"], entry["bound_tokens_per_s"]
-    run = {"backend": backend, "batch": batch, "seconds": round(seconds, 3), **extra}
+    run = {
+        "backend": backend,
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "seconds": round(seconds, 3),
+        **extra,
+    }
     run["tokens_per_s"] = round(batch * new_tokens / seconds, 1)
     run["fraction_of_bound"] = round(batch * new_tokens / seconds / bound, 4)
     run["prefill_seconds"] = round(prefill_seconds, 3)
@@ -381,9 +508,20 @@ def add_run(
         decode_rate = batch * (new_tokens - 1) / decode_seconds
         run["decode_tokens_per_s"] = round(decode_rate, 1)
         run["decode_fraction_of_bound"] = round(decode_rate / bound, 4)
+        if "kv_bound_tokens_per_s" in entry:
+            run["decode_fraction_of_kv_bound"] = round(decode_rate / entry["kv_bound_tokens_per_s"], 4)
         run["decode_step_ms"] = round(1e3 * decode_seconds / (new_tokens - 1), 3)
     entry["backends"].append(run)
+    write_row(run)
     print(run, file=sys.stderr, flush=True)
+
+
+def write_row(row: dict) -> None:
+    """--rows: every row on disk as soon as it is measured (a call cut short keeps what it had)."""
+    if ROWS is not None:
+        ROWS.parent.mkdir(parents=True, exist_ok=True)
+        with ROWS.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def profile_sglang_decode(engine, prompts, out_dir: Path) -> dict:
@@ -417,11 +555,11 @@ def ensure_checkpoint(checkpoint: Path, layers: int) -> None:
         build_moonlight_slice(checkpoint, layers, dtype="bf16", device=DEVICE)
 
 
-def checkpoint_weight_bytes(checkpoint: Path) -> int:
-    """Bytes of every tensor in the checkpoint's safetensors files (from their headers)."""
+def checkpoint_tensor_bytes(checkpoint: Path) -> dict[str, int]:
+    """Bytes of each tensor in the checkpoint's safetensors files (from their headers)."""
     from safetensors import safe_open
 
-    nbytes = 0
+    sizes = {}
     for file in checkpoint.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:
             for name in f.keys():
@@ -429,8 +567,8 @@ def checkpoint_weight_bytes(checkpoint: Path) -> int:
                 count = 1
                 for d in t.get_shape():
                     count *= d
-                nbytes += count * {"BF16": 2, "F16": 2, "F32": 4}.get(t.get_dtype(), 2)
-    return nbytes
+                sizes[name] = count * {"BF16": 2, "F16": 2, "F32": 4}.get(t.get_dtype(), 2)
+    return sizes
 
 
 def parse_variants(text: str) -> dict[str, dict]:
@@ -458,34 +596,52 @@ def parse_engine_args(pairs: list[str]) -> dict:
     return out
 
 
-def start_sglang(checkpoint: Path, args, variant: dict):
-    """Stock SGLang unless the variant's env sets RLINF_SGLANG_HOOKS=1 (rlinf's engines always do:
-    its lighter sampler, rlinf/workers/rollout/sglang_hooks.py)."""
+def benchmark_config(args):
+    """The recipe of a one-GPU rollout at the benchmark's shape: the attention backend asked for,
+    CUDA graphs and running requests up to the largest batch, --sglang-mem-fraction."""
+    from dataclasses import replace
+
+    from rlinf.config.schema import Config
+
+    cfg = Config()
+    max_batch = max(int(b) for b in args.batches.split(","))
+    sglang = replace(
+        cfg.rollout.sglang,
+        attention_backend=args.sglang_attention,
+        cuda_graph_max_bs=max_batch,
+        max_running_requests=max_batch,
+    )
+    rollout = replace(
+        cfg.rollout, tensor_parallel_size=1, gpu_memory_utilization=args.sglang_mem_fraction, sglang=sglang
+    )
+    return replace(cfg, rollout=rollout)
+
+
+def engine_arguments(
+    checkpoint: Path, hf_config: dict, args, variant: dict, env_changes: dict
+) -> tuple[dict, dict]:
+    """(Engine kwargs, environment) of one engine: what the rollout worker would start for this
+    checkpoint (sglang_settings.engine_settings, measured choices included), then --sglang-arg,
+    then the variant's arguments; the variant's env entries replace (null: unset) the rollout's."""
+    from rlinf.workers.rollout.sglang_settings import engine_settings
+
+    settings = engine_settings(
+        benchmark_config(args), model_path=str(checkpoint), hf_config=hf_config, colocated=False
+    )
+    kwargs = {**settings.kwargs, **parse_engine_args(args.sglang_arg), **variant}
+    env = {**settings.env, **{k: None if v is None else str(v) for k, v in env_changes.items()}}
+    return kwargs, env
+
+
+def start_sglang(kwargs: dict):
+    """sglang.Engine with rlinf's sampler plugin discoverable (it acts where RLINF_SGLANG_HOOKS=1)."""
     import sglang
 
     from rlinf.workers.rollout.sglang_hooks import make_discoverable
 
-    make_discoverable()  # the plugin acts only where the switch is on
-
-    max_batch = max(int(b) for b in args.batches.split(","))
-    kwargs = {
-        "model_path": str(checkpoint),
-        "skip_tokenizer_init": True,
-        "attention_backend": "triton",
-        "sampling_backend": "pytorch",
-        "grammar_backend": "none",
-        "disable_piecewise_cuda_graph": True,
-        "mem_fraction_static": args.sglang_mem_fraction,
-        "cuda_graph_max_bs": max_batch,
-        "max_running_requests": max_batch,
-        "random_seed": 0,
-        "log_level": "error",
-    }
-    kwargs.update(parse_engine_args(args.sglang_arg))
-    kwargs.update(variant)
+    make_discoverable()
     print({"sglang_engine_args": kwargs}, file=sys.stderr, flush=True)
-    engine = sglang.Engine(**kwargs)
-    return engine
+    return sglang.Engine(**kwargs)
 
 
 if __name__ == "__main__":
