@@ -229,14 +229,18 @@ def word_level_tokenizer(checkpoint: Path, vocab_size: int, eos_id: int) -> None
     fast.save_pretrained(checkpoint)
 
 
-def build_checkpoint(path: Path) -> Path:
-    """The 4-layer Moonlight slice with a word-level tokenizer, built on the GPU unless present."""
+def build_checkpoint(path: Path, layers: int = 4) -> Path:
+    """The Moonlight slice of `layers` layers with a word-level tokenizer, built on the GPU unless
+    present (a checkpoint of another depth at `path` is an error, not reused)."""
     if (path / "tokenizer.json").is_file():
+        built = json.loads((path / "config.json").read_text())["num_hidden_layers"]
+        if built != layers:
+            raise SystemExit(f"--checkpoint {path} holds a {built}-layer slice, not --layers {layers}")
         return path
     from rlinf.models.slice import build_moonlight_slice, moonlight_slice_config
 
-    build_moonlight_slice(path, 4, dtype="bf16", device="cuda")
-    fields = moonlight_slice_config(4)
+    build_moonlight_slice(path, layers, dtype="bf16", device="cuda")
+    fields = moonlight_slice_config(layers)
     word_level_tokenizer(path, fields["vocab_size"], fields["eos_token_id"])
     return path
 
@@ -276,7 +280,15 @@ def plot(sweep: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default="/tmp/rlinf-bench/moonlight-slice-4l-tok")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="slice depth (rlinf.models.memory_plan says what trains on one GPU)",
+    )
+    parser.add_argument(
+        "--checkpoint", default=None, help="default /tmp/rlinf-bench/moonlight-slice-<layers>l-tok"
+    )
     parser.add_argument("--work-dir", default="/tmp/rlinf-bench/grpo-step-runner")
     parser.add_argument("--actor", default="megatron", choices=("megatron", "torch"))
     parser.add_argument("--rollout", default="sglang", choices=("sglang", "torch"))
@@ -322,12 +334,14 @@ def main() -> None:
     else:
         from rlinf.models.slice import moonlight_slice_config
 
-        checkpoint = build_checkpoint(Path(args.checkpoint))
-        args.vocab = moonlight_slice_config(4)["vocab_size"]
+        path = args.checkpoint or f"/tmp/rlinf-bench/moonlight-slice-{args.layers}l-tok"
+        checkpoint = build_checkpoint(Path(path), args.layers)
+        args.vocab = moonlight_slice_config(args.layers)["vocab_size"]
     result: dict[str, Any] = {
         "checkpoint": str(checkpoint),
         "actor": "torch" if args.smoke else args.actor,
         "rollout": "torch" if args.smoke else args.rollout,
+        "layers": None if args.smoke else args.layers,
         "prompt_len": args.prompt_len,
         "group_size": args.group_size,
         "sweep": [],
