@@ -16,6 +16,14 @@
 #                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
 #                                                     the runner (Megatron actor + SGLang rollout on one GPU);
 #                                                     overrides pick another actor, steps, seed
+#   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|long|VARIANTS_JSON]
+#                                                     rollout decode at Moonlight's full depth (27 layers,
+#                                                     /tmp/m27, built when absent, ~3 min): the rollout's
+#                                                     engine against each candidate setting in one run
+#                                                     (sweep, sweep2: DEPTH27_* below), or 2048 / 4096 new
+#                                                     tokens at batch 256 with the tail of the step (long);
+#                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh) for
+#                                                     the FlashMLA variant
 #
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
@@ -66,6 +74,41 @@ case "${1:-}" in
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     ;;
+  depth27)
+    # One device call (600 s): install, the checkpoint if missing, then as many engines as fit
+    # (the benchmark starts no engine that would end past its budget and names those it skipped).
+    # Each engine: prompt 256 + 512 new, batches 64 and 256, medians of 3; the first engine is the
+    # rollout's own (sglang_settings.engine_settings), every later one differs by one setting.
+    use_wheel_folders .whl || exit 1
+    if [ -f .wfmla/flashmla_ops.abi3.so.gz ]; then
+      kernel_dir=$(python3 -c "import importlib.util as u; print(u.find_spec('sgl_kernel').submodule_search_locations[0])")
+      gunzip -c .wfmla/flashmla_ops.abi3.so.gz >"$kernel_dir/flashmla_ops.abi3.so" && echo "FlashMLA extension put into $kernel_dir"
+    fi
+    ckpt=${DEPTH27_CHECKPOINT:-/tmp/m27}
+    if [ ! -f "$ckpt/config.json" ]; then
+      timeout 330 python3 -m rlinf.models.slice --out "$ckpt" --layers 27 --device cuda 2>&1 | tail -n 8 || exit 1
+    fi
+    plan=${2:-sweep}
+    flashmla='{"decode_attention_backend": "flashmla", "prefill_attention_backend": "triton"}'
+    DEPTH27_sweep='{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}, "flashmla": '$flashmla',
+      "no_overlap": {"disable_overlap_schedule": true}}'
+    DEPTH27_sweep2='{"continuous_decode_4": {"num_continuous_decode_steps": 4},
+      "flashinfer_sampling": {"sampling_backend": "flashinfer"}, "no_cuda_graph": {"disable_cuda_graph": true},
+      "chunked_prefill_32k": {"chunked_prefill_size": 32768}}'
+    extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3)
+    case $plan in
+      sweep|sweep2) var=DEPTH27_$plan; variants=${!var} ;;
+      long) variants='{}'; extra=(--batches 256 --tail-lengths 2048,4096) ;;
+      *) variants=$plan; plan=custom ;;
+    esac
+    left=$((585 - SECONDS))
+    timeout "$left" python3 -m benchmarks.rollout_decode --backends sglang --layers 27 --checkpoint "$ckpt" \
+      --sglang-mem-fraction 0.7 "${extra[@]}" --sglang-variants "$variants" --time-budget-s $((left - 25)) \
+      --rows "$OUT/depth27_${plan}_rows.jsonl" >"$OUT/depth27_$plan.json" 2>"$OUT/depth27_$plan.log"
+    status=$?
+    grep -E "^\{'(backend|tail)'|variant|Error" "$OUT/depth27_$plan.log" | cut -c1-400 | tail -n 30
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d.get(k) for k in ('layers', 'weight_read_per_step_GiB', 'sglang_variant_unavailable', 'sglang_variants_not_run', 'sglang_variant_errors')})" "$OUT/depth27_$plan.json" 2>/dev/null
+    ;;
   loop)
     use_project_stack
     use_pytest || exit 1
@@ -115,7 +158,7 @@ case "${1:-}" in
     save_ray_logs
     ;;
   *)
-    echo "usage: $0 engine|engine+bench|loop|step|curve" >&2
+    echo "usage: $0 engine|engine+bench|depth27|loop|step|curve" >&2
     exit 2
     ;;
 esac
