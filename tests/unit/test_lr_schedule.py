@@ -1,6 +1,7 @@
 """The LR schedule both actors use (rlinf/algorithms/lr_schedule.py): known values (its refusals are
 cases in test_config_rules.py)."""
 
+import itertools
 import math
 
 import pytest
@@ -21,7 +22,7 @@ def test_cosine_known_values():
     assert at(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # halfway: 0.55
     assert at(12) == pytest.approx(0.1) and at(50) == pytest.approx(0.1)  # reached, then held
     values = [at(k) for k in range(2, 13)]
-    assert all(a > b for a, b in zip(values, values[1:]))  # strictly decreasing over the decay
+    assert all(a > b for a, b in itertools.pairwise(values))  # strictly decreasing over the decay
 
 
 def test_recipe_decays_over_the_runs_optimizer_steps():
