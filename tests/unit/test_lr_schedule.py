@@ -29,7 +29,12 @@ def test_recipe_decays_over_the_runs_optimizer_steps():
     # tiny recipe: 16 prompts x 8 samples / 64 per minibatch = 2 optimizer steps per GRPO step
     cfg = load_config(
         "tiny-moe-grpo-cpu",
-        ["actor.lr_sched.lr_decay_style=cosine", "actor.lr_sched.min_lr=3.0e-6", "runner.max_steps=50"],
+        [
+            "actor.lr_sched.lr_decay_style=cosine",
+            "actor.optim.lr=3.0e-5",
+            "actor.lr_sched.min_lr=3.0e-6",
+            "runner.max_steps=50",
+        ],
     )
     assert lr_decay_steps(cfg) == 100
     at = lr_multiplier_from_config(cfg)
