@@ -1,5 +1,5 @@
 """A MegatronActor on the CPU for tests/megatron_cpu: the actor's own build methods and a plain
-training step, under cuda_on_cpu (one gloo rank)."""
+training step, under cuda_on_cpu (one gloo rank); hand-made recorded routing for a batch."""
 
 from __future__ import annotations
 
@@ -100,3 +100,28 @@ def train_step(actor, tokens: torch.Tensor, *, counted: bool = False) -> float:
 
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(seed))
+
+
+def recorded_experts(row: int, position: int, layer: int, experts: int) -> list[int]:
+    """The top-2 experts (of the first `experts`) a hand-made rollout routed token `position` (in
+    the row's real sequence: prompt, then response) of row `row` to in MoE layer `layer`."""
+    first = (row + 2 * position + layer) % experts
+    return [first, (first + 1) % experts]
+
+
+def with_recorded_experts(batch, layers: int, experts: int):
+    """`batch` with `recorded_experts` for every token the rollout fed (all but each row's last),
+    in the batch fields' layout: left-padded prompt columns, right-padded response columns."""
+    rows, prompt_width = batch.prompt_ids.shape
+    response_width = batch.response_ids.shape[1]
+    batch.prompt_experts = torch.zeros(rows, prompt_width, layers, 2, dtype=torch.uint8)
+    batch.response_experts = torch.zeros(rows, response_width, layers, 2, dtype=torch.uint8)
+    for i in range(rows):
+        p, r = int(batch.prompt_mask[i].sum()), int(batch.response_mask[i].sum())
+        for t in range(p + r - 1):
+            chosen = torch.tensor([recorded_experts(i, t, layer, experts) for layer in range(layers)])
+            if t < p:
+                batch.prompt_experts[i, prompt_width - p + t] = chosen
+            else:
+                batch.response_experts[i, t - p] = chosen
+    return batch

@@ -8,9 +8,12 @@ the CPU) and runs one phase on the same batch (`grpo_batch`):
   minibatch (caught where the actor clips it: after megatron's grad reduction, before the optimizer
   step) exported to full HF-named tensors, the exported weights after that update, a dist
   checkpoint, then a second update and its exported weights;
-- "resume": a fresh actor loads that checkpoint and makes the second update again.
+- "resume": a fresh actor loads that checkpoint and makes the second update again;
+- "replay": with `algorithm.routing_replay.mode: replay` and hand-made recorded experts
+  (`routed_batch`): what every router of every rank routed in one forward over the batch, its
+  logprobs and entropy, and the recompute's logprobs and routing counts.
 
-Global rank 0 writes what it saw to `workdir/result.pt`; the parent returns it.
+Global rank 0 writes what it saw to `workdir/<phase>.pt`; the parent returns it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from actor_on_cpu import with_recorded_experts
 
 from rlinf.config.schema import (
     ActorConfig,
@@ -29,12 +33,14 @@ from rlinf.config.schema import (
     LoggerConfig,
     ModelConfig,
     OptimConfig,
+    RoutingReplayConfig,
     RunnerConfig,
 )
 from rlinf.data.batch import RolloutBatch
 
 VOCAB = 64
 ROWS = 8  # 4 GRPO groups of 2
+MOE_LAYERS, EXPERTS = 2, 8  # of the checkpoint `write_checkpoint` makes
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,21 @@ class Layout:
     tp: int = 1
     ep: int = 1
     sequence_parallel: bool = False
+    pack_sequences: bool = False
 
 
-def actor_config(layout: Layout, checkpoint: Path, log_dir: Path) -> Config:
+def write_checkpoint(out: Path) -> Path:
+    """A random fp32 tiny DeepSeek-V3 whose heads (4), experts (8), vocabulary (64) and compressed
+    KV + RoPE width (32 + 16) divide by 2; layer 0 dense, layers 1-2 MoE."""
+    from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
+
+    random_deepseek_v3(
+        TinyModelSettings(num_hidden_layers=3, hidden_size=64), vocab_size=VOCAB
+    ).save_pretrained(out)
+    return out
+
+
+def actor_config(layout: Layout, checkpoint: Path, log_dir: Path, routing_replay: str = "none") -> Config:
     model = ModelConfig(
         model_path=str(checkpoint),
         precision="fp32",
@@ -65,9 +83,11 @@ def actor_config(layout: Layout, checkpoint: Path, log_dir: Path) -> Config:
         seq_length=64,
         model=model,
         optim=optim,
+        pack_sequences=layout.pack_sequences,
     )
     runner = RunnerConfig(seed=7, logger=LoggerConfig(log_path=str(log_dir)))
-    return Config(actor=actor, algorithm=AlgorithmConfig(group_size=2), runner=runner)
+    algorithm = AlgorithmConfig(group_size=2, routing_replay=RoutingReplayConfig(routing_replay))
+    return Config(actor=actor, algorithm=algorithm, runner=runner)
 
 
 def grpo_batch() -> RolloutBatch:
@@ -98,6 +118,11 @@ def grpo_batch() -> RolloutBatch:
         solutions=[("0",)] * ROWS,
         advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.8, -0.8]),
     )
+
+
+def routed_batch() -> RolloutBatch:
+    """grpo_batch with hand-made recorded experts (actor_on_cpu.recorded_experts, all 8 in use)."""
+    return with_recorded_experts(grpo_batch(), MOE_LAYERS, EXPERTS)
 
 
 def _free_port() -> int:
@@ -138,9 +163,10 @@ def _rank_main(rank: int, layout: Layout, checkpoint: str, workdir: str, phase: 
     with cuda_on_cpu():
         from rlinf.workers.actor.megatron_actor import MegatronActor
 
-        cfg = actor_config(layout, Path(checkpoint), work / "logs")
+        replay = "replay" if phase == "replay" else "none"
+        cfg = actor_config(layout, Path(checkpoint), work / "logs", routing_replay=replay)
         actor = MegatronActor(cfg, rank=rank, world_size=layout.world, device="cpu")
-        result = _train(actor, work) if phase == "train" else _resume(actor, work)
+        result = {"train": _train, "resume": _resume, "replay": _replay}[phase](actor, work)
     if rank == 0:
         torch.save(result, work / f"{phase}.pt")
     torch.distributed.barrier()
@@ -189,6 +215,34 @@ def _resume(actor, work: Path) -> dict:
     actor.load(str(work / "checkpoint"))
     batch, _, _ = _with_old_logprobs(actor, grpo_batch())
     return {"metrics_step2": actor.train(batch, 2), "exported_step2": _exported(actor)}
+
+
+def _replay(actor, _work: Path) -> dict:
+    """Routing replay on `routed_batch`. `ranks` holds, for every global rank, its TP rank and
+    what each MoE router returned in one forward over the whole batch (the routing map [tokens the
+    router saw, experts], in the router's token order); the rest is what the reporting rank saw."""
+    import torch.distributed as dist
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    batch = routed_batch()
+    routers = [m for chunk in actor.model for m in chunk.modules() if isinstance(m, TopKRouter)]
+    routes: list[list[torch.Tensor]] = [[] for _ in routers]
+    hooks = [
+        router.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out[1].detach().clone()))
+        for router, seen in zip(routers, routes, strict=True)
+    ]
+    try:
+        for chunk in actor.model:
+            chunk.eval()
+        with torch.no_grad():
+            logprobs, entropy = actor.forward_micro(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    ranks: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, {"tp_rank": actor.tp_rank, "routes": routes})
+    recompute = actor.compute_logprobs(batch)  # collective: the TP ranks sum their routing counts
+    return {"ranks": ranks, "logprobs": logprobs.cpu(), "entropy": entropy.cpu(), "recompute": recompute}
 
 
 def full_gradients(actor) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ pytest.importorskip("megatron.core", reason=REASON)
 if importlib.util.find_spec("megatron.bridge") is None:
     pytest.skip(REASON, allow_module_level=True)
 
-from many_ranks import VOCAB, Layout, run_layout  # noqa: E402
+from many_ranks import Layout, run_layout, write_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +34,7 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A random fp32 tiny DeepSeek-V3 whose heads (4), experts (8), vocabulary (64) and compressed
-    KV + RoPE width (32 + 16) divide by 2; layer 0 dense, layers 1-2 MoE."""
-    from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
-
-    out = tmp_path_factory.mktemp("many-ranks-checkpoint")
-    random_deepseek_v3(
-        TinyModelSettings(num_hidden_layers=3, hidden_size=64), vocab_size=VOCAB
-    ).save_pretrained(out)
-    return out
+    return write_checkpoint(tmp_path_factory.mktemp("many-ranks-checkpoint"))
 
 
 @pytest.fixture(scope="module")

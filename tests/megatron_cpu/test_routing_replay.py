@@ -15,35 +15,20 @@ pytest.importorskip("megatron.core", reason=REASON)
 if importlib.util.find_spec("megatron.bridge") is None:
     pytest.skip(REASON, allow_module_level=True)
 
-from actor_on_cpu import build_actor  # noqa: E402
+from actor_on_cpu import build_actor, recorded_experts, with_recorded_experts  # noqa: E402
 from test_packed_sequences import varied_batch  # noqa: E402
 
-LAYERS, TOP_K = 2, 2
+LAYERS = 2  # MoE layers of the tiny checkpoint (layer 0 is dense); top-2 routing
 REPLAYED = 4  # the recorded experts are all among 0..3 of the 8
 
 
 def _recorded_experts(row: int, position: int, layer: int) -> list[int]:
-    """The experts a (hand-made) rollout routed token `position` of row `row` to."""
-    first = (row + 2 * position + layer) % REPLAYED
-    return [first, (first + 1) % REPLAYED]
+    return recorded_experts(row, position, layer, REPLAYED)
 
 
 def routed_batch():
-    """varied_batch with recorded experts for every fed token (all but each row's last)."""
-    batch = varied_batch()
-    rows, prompt_width = batch.prompt_ids.shape
-    response_width = batch.response_ids.shape[1]
-    batch.prompt_experts = torch.zeros(rows, prompt_width, LAYERS, TOP_K, dtype=torch.uint8)
-    batch.response_experts = torch.zeros(rows, response_width, LAYERS, TOP_K, dtype=torch.uint8)
-    for i in range(rows):
-        p, r = int(batch.prompt_mask[i].sum()), int(batch.response_mask[i].sum())
-        for t in range(p + r - 1):
-            experts = torch.tensor([_recorded_experts(i, t, layer) for layer in range(LAYERS)])
-            if t < p:
-                batch.prompt_experts[i, prompt_width - p + t] = experts
-            else:
-                batch.response_experts[i, t - p] = experts
-    return batch
+    """varied_batch with recorded experts (among 0..3) for every fed token."""
+    return with_recorded_experts(varied_batch(), LAYERS, REPLAYED)
 
 
 def _routes(actor, batch):
