@@ -3,6 +3,8 @@ training step, under cuda_on_cpu (one gloo rank); hand-made recorded routing for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from rlinf.config.schema import (
@@ -13,6 +15,7 @@ from rlinf.config.schema import (
     OptimConfig,
     RoutingReplayConfig,
 )
+from rlinf.data.batch import RolloutBatch
 
 VOCAB = 64
 
@@ -100,6 +103,38 @@ def train_step(actor, tokens: torch.Tensor, *, counted: bool = False) -> float:
 
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(seed))
+
+
+def varied_batch(
+    prompt_lens: Sequence[int] = (9, 3, 6, 1, 8, 5),
+    response_lens: Sequence[int] = (11, 1, 7, 4, 2, 9),
+    *,
+    seed: int = 0,
+    advantages: Sequence[float] | None = None,
+) -> RolloutBatch:
+    """One row per (prompt, response) length pair: left-padded prompts and right-padded responses
+    as wide as the longest, random token ids (never the pad id 0), GRPO groups of 2 rows, and
+    `advantages` (random ones when None)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, prompt, response = len(prompt_lens), max(prompt_lens), max(response_lens)
+    p_len, r_len = torch.tensor(prompt_lens), torch.tensor(response_lens)
+    prompt_mask = torch.arange(prompt)[None] >= (prompt - p_len)[:, None]
+    response_mask = torch.arange(response)[None] < r_len[:, None]
+    prompt_ids = torch.randint(1, VOCAB, (rows, prompt), generator=g).masked_fill(~prompt_mask, 0)
+    response_ids = torch.randint(1, VOCAB, (rows, response), generator=g).masked_fill(~response_mask, 0)
+    advantages = torch.randn(rows, generator=g) if advantages is None else torch.tensor(advantages)
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        group_index=torch.arange(rows) // 2,
+        rollout_logprobs=torch.zeros(rows, response),
+        finish_reasons=["stop"] * rows,
+        response_text=[""] * rows,
+        solutions=[("0",)] * rows,
+        advantages=advantages,
+    )
 
 
 def recorded_experts(row: int, position: int, layer: int, experts: int) -> list[int]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from actor_on_cpu import with_recorded_experts
+from actor_on_cpu import VOCAB, varied_batch, with_recorded_experts
 
 from rlinf.config.schema import (
     ActorConfig,
@@ -38,7 +38,6 @@ from rlinf.config.schema import (
 )
 from rlinf.data.batch import RolloutBatch
 
-VOCAB = 64
 ROWS = 8  # 4 GRPO groups of 2
 MOE_LAYERS, EXPERTS = 2, 8  # of the checkpoint `write_checkpoint` makes
 
@@ -93,30 +92,11 @@ def actor_config(layout: Layout, checkpoint: Path, log_dir: Path, routing_replay
 def grpo_batch() -> RolloutBatch:
     """8 rows with left-padded prompts (3..6 tokens) and right-padded responses (2..7 tokens), and
     advantages of both signs."""
-    gen = torch.Generator().manual_seed(11)
-    prompt_lens = [3, 6, 4, 5, 6, 3, 5, 4]
-    response_lens = [7, 2, 5, 4, 3, 6, 7, 5]
-    p, r = max(prompt_lens), max(response_lens)
-    prompt_ids = torch.zeros(ROWS, p, dtype=torch.long)
-    prompt_mask = torch.zeros(ROWS, p, dtype=torch.bool)
-    response_ids = torch.zeros(ROWS, r, dtype=torch.long)
-    response_mask = torch.zeros(ROWS, r, dtype=torch.bool)
-    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        prompt_ids[i, p - pl :] = torch.randint(1, VOCAB, (pl,), generator=gen)
-        prompt_mask[i, p - pl :] = True
-        response_ids[i, :rl] = torch.randint(1, VOCAB, (rl,), generator=gen)
-        response_mask[i, :rl] = True
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        group_index=torch.arange(ROWS) // 2,
-        rollout_logprobs=torch.zeros(ROWS, r),
-        finish_reasons=["stop"] * ROWS,
-        response_text=[""] * ROWS,
-        solutions=[("0",)] * ROWS,
-        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.8, -0.8]),
+    return varied_batch(
+        (3, 6, 4, 5, 6, 3, 5, 4),
+        (7, 2, 5, 4, 3, 6, 7, 5),
+        seed=11,
+        advantages=(1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.8, -0.8),
     )
 
 

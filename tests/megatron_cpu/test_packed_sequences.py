@@ -17,32 +17,9 @@ pytest.importorskip("megatron.core", reason=REASON)
 if importlib.util.find_spec("megatron.bridge") is None:
     pytest.skip(REASON, allow_module_level=True)
 
-from actor_on_cpu import VOCAB, build_actor  # noqa: E402
+from actor_on_cpu import build_actor, varied_batch  # noqa: E402
 
 from rlinf.data.batch import RolloutBatch  # noqa: E402
-
-
-def varied_batch(rows: int = 6, prompt: int = 9, response: int = 11, seed: int = 0) -> RolloutBatch:
-    """Left-padded prompts and right-padded responses, every row a different length."""
-    g = torch.Generator().manual_seed(seed)
-    p_len = torch.tensor([9, 3, 6, 1, 8, 5])[:rows]
-    r_len = torch.tensor([11, 1, 7, 4, 2, 9])[:rows]
-    prompt_mask = torch.arange(prompt)[None] >= (prompt - p_len)[:, None]
-    response_mask = torch.arange(response)[None] < r_len[:, None]
-    prompt_ids = torch.randint(1, VOCAB, (rows, prompt), generator=g).masked_fill(~prompt_mask, 0)
-    response_ids = torch.randint(1, VOCAB, (rows, response), generator=g).masked_fill(~response_mask, 0)
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        group_index=torch.arange(rows) // 2,
-        rollout_logprobs=torch.zeros(rows, response),
-        finish_reasons=["stop"] * rows,
-        response_text=[""] * rows,
-        solutions=[("0",)] * rows,
-        advantages=torch.randn(rows, generator=g),
-    )
 
 
 def logprobs_and_grads(actor, batch: RolloutBatch):

@@ -15,8 +15,7 @@ pytest.importorskip("megatron.core", reason=REASON)
 if importlib.util.find_spec("megatron.bridge") is None:
     pytest.skip(REASON, allow_module_level=True)
 
-from actor_on_cpu import build_actor, recorded_experts, with_recorded_experts  # noqa: E402
-from test_packed_sequences import varied_batch  # noqa: E402
+from actor_on_cpu import build_actor, recorded_experts, varied_batch, with_recorded_experts  # noqa: E402
 
 LAYERS = 2  # MoE layers of the tiny checkpoint (layer 0 is dense); top-2 routing
 REPLAYED = 4  # the recorded experts are all among 0..3 of the 8
