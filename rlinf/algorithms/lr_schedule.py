@@ -46,7 +46,5 @@ def lr_decay_steps(cfg: Config) -> int:
 
 
 def lr_multiplier_from_config(cfg: Config) -> Callable[[int], float]:
-    s, peak = cfg.actor.lr_sched, cfg.actor.optim.lr
-    return lr_multiplier(
-        s.lr_decay_style, s.lr_warmup_steps, lr_decay_steps(cfg), s.min_lr / peak if peak > 0 else 0.0
-    )
+    s = cfg.actor.lr_sched
+    return lr_multiplier(s.lr_decay_style, s.lr_warmup_steps, lr_decay_steps(cfg), s.min_lr_ratio)

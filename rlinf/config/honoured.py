@@ -217,7 +217,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     # Both actors build their schedule with rlinf.algorithms.lr_schedule.lr_multiplier_from_config.
     **{
         f"actor.lr_sched.{leaf}": (TORCH_ACTOR.reads(LR_SCHEDULE), MEGATRON_ACTOR.reads(LR_SCHEDULE))
-        for leaf in ("lr_decay_style", "lr_warmup_steps", "lr_decay_steps", "min_lr")
+        for leaf in ("lr_decay_style", "lr_warmup_steps", "lr_decay_steps", "min_lr_ratio")
     },
     "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER),),
     "actor.num_workers": (TORCH_ACTOR.reads("rlinf.scheduler.roles"),),

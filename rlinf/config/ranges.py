@@ -107,7 +107,7 @@ RANGES: dict[str, Range] = {
     "actor.optim.clip_grad": POSITIVE,
     "actor.lr_sched.lr_warmup_steps": NON_NEGATIVE,
     "actor.lr_sched.lr_decay_steps": Range(1, why="or null = the run's optimizer steps"),
-    "actor.lr_sched.min_lr": NON_NEGATIVE,
+    "actor.lr_sched.min_lr_ratio": Range(0, 1),
     "actor.num_threads": Range(1, why="or null = torch's default"),
     "actor.num_workers": AT_LEAST_1,
     "rollout.tensor_parallel_size": AT_LEAST_1,

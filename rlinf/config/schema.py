@@ -156,12 +156,14 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LRSchedulerConfig:
-    # doc: LR schedule: constant; warmup_constant (linear warmup, then the peak); cosine (the same warmup, then a half cosine from optim.lr to min_lr over lr_decay_steps)
+    # doc: LR schedule: constant; warmup_constant (linear warmup, then the peak); cosine (the same warmup, then a half cosine from optim.lr to optim.lr x min_lr_ratio over lr_decay_steps)
     lr_decay_style: Literal["constant", "warmup_constant", "cosine"] = "constant"
     lr_warmup_steps: int = 0  # doc: linear warmup optimizer steps
-    # doc: cosine: optimizer steps (warmup included) at whose end the LR reaches min_lr; null = the run's, runner.max_steps x minibatches per step
+    # doc: cosine: optimizer steps (warmup included) at whose end the LR reaches its floor; null = the run's, runner.max_steps x minibatches per step
     lr_decay_steps: int | None = None
-    min_lr: float = 0.0  # doc: cosine: the LR the decay ends at (and holds after lr_decay_steps)
+    min_lr_ratio: float = (
+        0.0  # doc: cosine: the LR's floor as a fraction of optim.lr, reached at lr_decay_steps and held
+    )
 
 
 @dataclass(frozen=True)

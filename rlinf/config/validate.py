@@ -104,11 +104,9 @@ def check_routing_replay(cfg: Config) -> None:
 
 
 def check_lr_schedule(cfg: Config) -> None:
-    s, lr = cfg.actor.lr_sched, cfg.actor.optim.lr
+    s = cfg.actor.lr_sched
     if s.lr_decay_style != "cosine":
         return
-    if s.min_lr > lr:
-        raise ConfigError(f"actor.lr_sched.min_lr: {s.min_lr} is above the peak actor.optim.lr ({lr})")
     if s.lr_decay_steps is None and cfg.runner.max_steps <= 0:
         raise ConfigError(
             "actor.lr_sched.lr_decay_steps: null needs runner.max_steps > 0 to decay over the run's "

@@ -74,4 +74,7 @@ def test_range_messages():
         ConfigError, match=r"actor.optim.adam_beta1: 1.0 is out of range; it must be in \[0, 1\)"
     ):
         load_config(TINY, ["actor.optim.adam_beta1=1.0"])
-    load_config(TINY, ["algorithm.early_stop_imp_ratio=-1.0", "runner.max_steps=-1"])
+    load_config(
+        TINY,
+        ["algorithm.early_stop_imp_ratio=-1.0", "runner.max_steps=-1", "actor.lr_sched.lr_decay_steps=200"],
+    )

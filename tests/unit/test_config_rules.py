@@ -142,12 +142,6 @@ CASES = [
     (
         "check_lr_schedule",
         TINY,
-        [*COSINE, "actor.lr_sched.min_lr=1.0"],
-        "actor.lr_sched.min_lr: 1.0 is above the peak",
-    ),
-    (
-        "check_lr_schedule",
-        TINY,
         [*COSINE, "runner.max_steps=-1"],
         "lr_decay_steps: null needs runner.max_steps > 0",
     ),

@@ -31,8 +31,7 @@ def test_recipe_decays_over_the_runs_optimizer_steps():
         "tiny-moe-grpo-cpu",
         [
             "actor.lr_sched.lr_decay_style=cosine",
-            "actor.optim.lr=3.0e-5",
-            "actor.lr_sched.min_lr=3.0e-6",
+            "actor.lr_sched.min_lr_ratio=0.1",
             "runner.max_steps=50",
         ],
     )

@@ -73,7 +73,10 @@ def test_a_resume_past_the_last_step_is_refused_and_at_it_trains_nothing(tmp_pat
         f"runner.max_steps=3, but the checkpoint to resume, {tmp_path / 'step_5'}, is already at step 5: "
         "this run would train nothing. Raise runner.max_steps above 5 to continue it"
     )
-    by_epochs = load_config("tiny-moe-grpo-cpu", ["runner.max_steps=-1", "runner.max_epochs=1"])
+    by_epochs = load_config(
+        "tiny-moe-grpo-cpu",
+        ["runner.max_steps=-1", "runner.max_epochs=1", "actor.lr_sched.lr_decay_steps=200"],
+    )
     with pytest.raises(ConfigError, match=r"^runner.max_epochs=1 \(4 steps\), but .* already at step 5"):
         steps_left(by_epochs, at(5), _loader(by_epochs))  # 64 prompts / 16 per step
 
