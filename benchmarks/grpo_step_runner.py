@@ -149,7 +149,13 @@ def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_t
 
 
 def run_once(
-    args, checkpoint: Path, prompts: int, new_tokens: int, tag: str, extra: tuple[str, ...] = ()
+    args,
+    checkpoint: Path,
+    prompts: int,
+    new_tokens: int,
+    tag: str,
+    extra: tuple[str, ...] = (),
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     out = Path(args.work_dir) / tag
     out.mkdir(parents=True, exist_ok=True)
@@ -161,12 +167,13 @@ def run_once(
     cmd += [*overrides(args, checkpoint, data, out, prompts, new_tokens), *extra]
     shutil.rmtree(out / "logs", ignore_errors=True)  # an earlier run's metrics are not this run's
     started = time.perf_counter()
+    timeout = args.timeout if timeout is None else timeout
     timed_out = False
     with (out / "run.log").open("w") as log:
         # Its own process group: on a timeout the whole run (Ray workers, engines) is killed together.
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, process_group=0)
         try:
-            code = proc.wait(timeout=args.timeout)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             # The steps logged so far still make a figure (a slow final checkpoint save must not
             # cost the measured steps).
@@ -178,16 +185,14 @@ def run_once(
     if code != 0 or not metrics.is_file():
         tail = (out / "run.log").read_text()[-3000:]
         why = (
-            f"timed out after {args.timeout} s before logging a step"
-            if timed_out
-            else f"failed (exit {code})"
+            f"timed out after {timeout:.0f} s before logging a step" if timed_out else f"failed (exit {code})"
         )
         raise SystemExit(f"run {tag} {why}; log {out / 'run.log'}:\n{tail}")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     try:
-        summary = summarize(rows) | ({"timed_out_after_s": args.timeout} if timed_out else {})
+        summary = summarize(rows) | ({"timed_out_after_s": round(timeout)} if timed_out else {})
     except ValueError as err:
-        why = f"timed out after {args.timeout} s" if timed_out else "finished"
+        why = f"timed out after {timeout:.0f} s" if timed_out else "finished"
         raise SystemExit(f"run {tag} {why}, too early for a figure: {err}; log {out / 'run.log'}") from None
     step_total = sum(r.get("time/step", 0.0) for r in rows if r.get("step", 0) >= 1)
     row = {
@@ -306,7 +311,10 @@ def main() -> None:
     parser.add_argument("--sweep-new-tokens", default="")
     parser.add_argument("--sweep-prompts", default="")
     parser.add_argument("--plot", default="")
-    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument(
+        "--timeout", type=int, default=3600,
+        help="seconds for all runs together; each run gets an equal share of what is left when it starts",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--save-at-end", action="store_true", help="keep the runner's final checkpoint save")
     parser.add_argument(
@@ -347,19 +355,36 @@ def main() -> None:
         "sweep": [],
     }
     modes = [m for m in args.routing_replay.split(",") if m]
-    for mode in modes:
-        extra = (f"algorithm.routing_replay.mode={mode}",)
-        result[f"routing_{mode}"] = run_once(
-            args, checkpoint, args.prompts, args.new_tokens, f"routing-{mode}", extra
+    # (result key, prompts, new tokens, tag, overrides, varied): the runs, in order
+    plan = [
+        (
+            f"routing_{m}",
+            args.prompts,
+            args.new_tokens,
+            f"routing-{m}",
+            (f"algorithm.routing_replay.mode={m}",),
+            None,
         )
-    if not modes:
-        result["main"] = run_once(args, checkpoint, args.prompts, args.new_tokens, "main")
-    for n in (int(x) for x in args.sweep_new_tokens.split(",") if x):
-        row = run_once(args, checkpoint, args.prompts, n, f"new{n}") | {"varied": "new_tokens"}
-        result["sweep"].append(row)
-    for p in (int(x) for x in args.sweep_prompts.split(",") if x):
-        row = run_once(args, checkpoint, p, args.new_tokens, f"prompts{p}") | {"varied": "responses"}
-        result["sweep"].append(row)
+        for m in modes
+    ] or [("main", args.prompts, args.new_tokens, "main", (), None)]
+    plan += [
+        ("sweep", args.prompts, int(n), f"new{n}", (), "new_tokens")
+        for n in args.sweep_new_tokens.split(",")
+        if n
+    ]
+    plan += [
+        ("sweep", int(p), args.new_tokens, f"prompts{p}", (), "responses")
+        for p in args.sweep_prompts.split(",")
+        if p
+    ]
+    deadline = time.perf_counter() + args.timeout
+    for i, (key, prompts, new_tokens, tag, extra, varied) in enumerate(plan):
+        share = (deadline - time.perf_counter()) / (len(plan) - i)  # what is left, split over the runs left
+        row = run_once(args, checkpoint, prompts, new_tokens, tag, extra, timeout=max(share, 1.0))
+        if varied:
+            result["sweep"].append(row | {"varied": varied})
+        else:
+            result[key] = row
     if args.plot and result["sweep"] and "main" in result:
         shared = [result["main"] | {"varied": key} for key in ("new_tokens", "responses")]
         plot(result["sweep"] + shared, Path(args.plot))

@@ -15,8 +15,9 @@ JSON object; --rows FILE also appends each row as a JSON line as soon as it is m
     python -m benchmarks.rollout_decode [--batches 64,256] [--new-tokens 512] [--backends torch,generate]
         [--breakdown]  # also ms per decode forward for each experts implementation, and per sampling step
         [--backends sglang --checkpoint DIR]  # SGLang alone (needs the slice on disk; built if missing)
-        [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at the largest batch,
-                                # summarised (busy / idle / top kernels per step, trace_summary.py)
+        [--sglang-profile DIR]  # then a GPU trace of PROFILE_STEPS decode steps at each batch
+                                # on the rollout's own engine (not the variants), summarised (busy /
+                                # idle / top kernels per step, trace_summary.py)
         [--sglang-variants JSON]  # more engines after the base one, e.g. our MoE tables, FlashMLA decode,
                                   # rlinf's lighter sampler: {"hooks": {"env": {"RLINF_SGLANG_HOOKS": 1}}}
         [--sglang-repeats 3]      # timed calls per batch and engine; the median is reported
@@ -445,9 +446,15 @@ def measure_sglang(
             add_run(
                 entries[batch], name, args.new_tokens, median(times), median(prefills), **extra, **timings
             )
-        if args.sglang_profile:
-            prompts = random_prompts(batches[-1], args.prompt_len, vocab, seed=7)
-            return profile_sglang_decode(engine, prompts, args.sglang_profile / name.replace(":", "-"))
+        if args.sglang_profile and name == "sglang":  # the rollout's own engine: where the time goes
+            return {
+                f"batch_{batch}": profile_sglang_decode(
+                    engine,
+                    random_prompts(batch, args.prompt_len, vocab, seed=7),
+                    args.sglang_profile / f"{name}-batch{batch}",
+                )
+                for batch in batches
+            }
         return None
     finally:
         engine.shutdown()
@@ -528,7 +535,7 @@ def write_row(row: dict) -> None:
 def profile_sglang_decode(engine, prompts, out_dir: Path) -> dict:
     """GPU-only torch-profiler trace of the first PROFILE_STEPS decode steps of one batch (SGLang's
     profile_by_stage), summarised per step: how much of a step the GPU is busy, and with what."""
-    from trace_summary import load_events, summarize
+    from benchmarks.trace_summary import load_events, summarize
 
     out_dir.mkdir(parents=True, exist_ok=True)
     engine.start_profile(

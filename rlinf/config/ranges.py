@@ -84,6 +84,7 @@ RANGES: dict[str, Range] = {
     "algorithm.val_n": AT_LEAST_1,
     "data.max_prompt_length": AT_LEAST_1,
     "data.rollout_batch_size": AT_LEAST_1,
+    "data.oversample_prompts": NON_NEGATIVE,
     "data.val_batch_size": Range(1, why="or null = all at once"),
     "data.synthetic.digits": AT_LEAST_1,
     "data.synthetic.steps": AT_LEAST_1,

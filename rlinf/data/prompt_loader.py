@@ -15,6 +15,12 @@ import numpy as np
 T = TypeVar("T")
 
 
+def prompts_per_step(data: Any) -> int:
+    """Prompts a training step draws (a DataConfig): the batch, plus the over-sampled ones that the
+    rollout drops once the batch's groups are complete (data.oversample_prompts)."""
+    return int(data.rollout_batch_size + data.oversample_prompts)
+
+
 class PromptLoader(Generic[T]):
     def __init__(
         self,

@@ -29,6 +29,7 @@ RESUME_INVARIANTS = (
     "runner.seed",
     "data.type",
     "data.rollout_batch_size",
+    "data.oversample_prompts",
     "data.shuffle",
     "algorithm.group_size",
     "actor.training_backend",

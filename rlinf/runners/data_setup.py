@@ -9,6 +9,7 @@ import logging
 
 from rlinf.config.schema import Config
 from rlinf.data.datasets import PromptDataset, build_prompt_dataset
+from rlinf.data.prompt_loader import prompts_per_step
 from rlinf.data.records import DatasetError, MathRecord, load_math_records
 
 logger = logging.getLogger(__name__)
@@ -73,10 +74,12 @@ def build_datasets(cfg: Config, tokenizer) -> tuple[PromptDataset, PromptDataset
     train, val = datasets
     if train is None:
         raise DatasetError(f"{_where(cfg, 'train')}: the training set is empty")
-    if len(train) < cfg.data.rollout_batch_size:
+    if len(train) < prompts_per_step(cfg.data):
         raise DatasetError(
-            f"{_where(cfg, 'train')}: {len(train)} usable training prompt(s), fewer than "
-            f"data.rollout_batch_size={cfg.data.rollout_batch_size}: no full batch can be formed"
+            f"{_where(cfg, 'train')}: {len(train)} usable training prompt(s), fewer than the "
+            f"{prompts_per_step(cfg.data)} a step draws (data.rollout_batch_size="
+            f"{cfg.data.rollout_batch_size} + data.oversample_prompts={cfg.data.oversample_prompts}): "
+            "no full batch can be formed"
         )
     logger.info("data: %d training prompts, %d validation prompts", len(train), len(val) if val else 0)
     return train, val, counters

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
-from rlinf.data.prompt_loader import PromptLoader
+from rlinf.data.prompt_loader import PromptLoader, prompts_per_step
 from rlinf.runners.checkpointing import RunCheckpointer
 from rlinf.runners.colocation import ColocatedMemory
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
@@ -29,7 +29,7 @@ class GRPORunner:
         self.val_set = val_set
         self.metrics = metrics
         self.loader = PromptLoader(
-            train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+            train_set, prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
         )
         self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
         self.timer = PhaseTimer()
@@ -82,7 +82,8 @@ class GRPORunner:
         step_start = time.perf_counter()
         prompts = self.loader.next_batch()
         with self.timer.phase("rollout"):
-            batch = roles.rollout.generate(prompts, a.group_size, self.sampling, self._seed("rollout"))
+            keep = self.cfg.data.rollout_batch_size if self.cfg.data.oversample_prompts else None
+            batch = roles.rollout.generate(prompts, a.group_size, self.sampling, self._seed("rollout"), keep)
         with self.timer.phase("reward"):
             batch = roles.reward.score(batch)
         advantages = compute_advantages(

@@ -122,7 +122,7 @@ def run(cfg) -> int:
 
 
 def _run(cfg) -> int:
-    from rlinf.data.prompt_loader import PromptLoader
+    from rlinf.data.prompt_loader import PromptLoader, prompts_per_step
     from rlinf.models.hf_checkpoint import ModelLoadError, load_model_config, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
     from rlinf.runners.checkpointing import find_resume_point, steps_left
@@ -151,7 +151,7 @@ def _run(cfg) -> int:
     # From here this run is the only writer of its folders; the resume checkpoint is read under the lock.
     with held_output_folders(cfg):
         probe = PromptLoader(
-            train_set, cfg.data.rollout_batch_size, shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+            train_set, prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
         )
         point = find_resume_point(cfg, probe)
         if point is not None and steps_left(cfg, point, probe) == 0:

@@ -42,6 +42,20 @@ def contiguous_shares(items: Sequence[Any], n: int) -> list[list[Any]]:
     return [list(items[i * len(items) // n : (i + 1) * len(items) // n]) for i in range(n)]
 
 
+def quota_shares(sizes: Sequence[int], keep: int) -> list[int]:
+    """`keep` split over shares of `sizes` items in proportion, none above its share's size."""
+    if not 0 <= keep <= sum(sizes):
+        raise ValueError(f"cannot keep {keep} of {sum(sizes)} items")
+    total = sum(sizes) or 1
+    out = [keep * size // total for size in sizes]
+    for i in sorted(range(len(sizes)), key=lambda i: -(keep * sizes[i] % total)):  # largest remainders
+        if sum(out) == keep:
+            break
+        if out[i] < sizes[i]:
+            out[i] += 1
+    return out
+
+
 class GroupFacade:
     def __init__(self, group: WorkerGroup) -> None:
         self.group = group
@@ -150,11 +164,20 @@ class ActorGroup(GroupFacade):
 
 
 class RolloutGroup(GroupFacade):
-    def generate(self, prompts: Sequence[Any], n: int, params: Any, seed: int) -> RolloutBatch:
+    def generate(
+        self, prompts: Sequence[Any], n: int, params: Any, seed: int, keep_groups: int | None = None
+    ) -> RolloutBatch:
+        """`keep_groups`: each engine keeps its even share of that many groups (the first of its own
+        prompts' groups to complete) and ends its generation there."""
         shares = contiguous_shares(prompts, len(self.group))
+        keeps: list[int | None] = [None] * len(shares)
+        if keep_groups is not None:
+            keeps = list(quota_shares([len(share) for share in shares], keep_groups))
         args = [
-            (share, n, params, engine_seed(seed, engine)) if share else None
-            for engine, share in enumerate(shares)
+            (share, n, params, engine_seed(seed, engine), *((keep,) if keep is not None else ()))
+            if share and keep != 0
+            else None  # no prompts, or none of its groups to keep
+            for engine, (share, keep) in enumerate(zip(shares, keeps, strict=True))
         ]
         return RolloutBatch.concat([r for r in self.group.call_each("generate", args) if r is not None])
 

@@ -22,8 +22,8 @@
 #                                                     engine against each candidate setting in one run
 #                                                     (sweep, sweep2: DEPTH27_* below), or 2048 / 4096 new
 #                                                     tokens at batch 256 with the tail of the step (long);
-#                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh) for
-#                                                     the FlashMLA variant
+#                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh): the
+#                                                     rollout's engine decodes with FlashMLA where it is
 #
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
@@ -78,7 +78,8 @@ case "${1:-}" in
     # One device call (600 s): install, the checkpoint if missing, then as many engines as fit
     # (the benchmark starts no engine that would end past its budget and names those it skipped).
     # Each engine: prompt 256 + 512 new, batches 64 and 256, medians of 3; the first engine is the
-    # rollout's own (sglang_settings.engine_settings), every later one differs by one setting.
+    # rollout's own (sglang_settings.engine_settings), every later one differs by one setting; sweep
+    # also profiles the first engine's decode at both batches (kernel by kernel).
     use_wheel_folders .whl || exit 1
     if [ -f .wfmla/flashmla_ops.abi3.so.gz ]; then
       kernel_dir=$(python3 -c "import importlib.util as u; print(u.find_spec('sgl_kernel').submodule_search_locations[0])")
@@ -89,15 +90,19 @@ case "${1:-}" in
       timeout 330 python3 -m rlinf.models.slice --out "$ckpt" --layers 27 --device cuda 2>&1 | tail -n 8 || exit 1
     fi
     plan=${2:-sweep}
-    flashmla='{"decode_attention_backend": "flashmla", "prefill_attention_backend": "triton"}'
-    DEPTH27_sweep='{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}, "flashmla": '$flashmla',
+    # triton_decode: the rollout's engine without its measured FlashMLA decode (MEASURED_ENGINE_ARGS)
+    triton_decode='{"decode_attention_backend": null, "prefill_attention_backend": null}'
+    DEPTH27_sweep='{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}, "triton_decode": '$triton_decode',
       "no_overlap": {"disable_overlap_schedule": true}}'
     DEPTH27_sweep2='{"continuous_decode_4": {"num_continuous_decode_steps": 4},
       "flashinfer_sampling": {"sampling_backend": "flashinfer"}, "no_cuda_graph": {"disable_cuda_graph": true},
       "chunked_prefill_32k": {"chunked_prefill_size": 32768}}'
-    extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3)
+    # CUDA graphs captured at the measured batches only: the decode steps run the same graphs as
+    # with the rollout's full list, and each engine starts in less of the call's time.
+    extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3 --sglang-arg 'cuda_graph_bs=[64,256]')
     case $plan in
-      sweep|sweep2) var=DEPTH27_$plan; variants=${!var} ;;
+      sweep) variants=$DEPTH27_sweep; extra+=(--sglang-profile /tmp/sglang-profile-27) ;;
+      sweep2) variants=$DEPTH27_sweep2 ;;
       long) variants='{}'; extra=(--batches 256 --tail-lengths 2048,4096) ;;
       *) variants=$plan; plan=custom ;;
     esac

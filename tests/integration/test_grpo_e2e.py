@@ -131,3 +131,20 @@ def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoi
         assert all(torch.equal(actor_w[k], after[k]) for k in actor_w)
     finally:
         roles.shutdown()
+
+
+def test_oversampled_prompts_train_on_exactly_the_batch(random_tiny_checkpoint, tmp_path, ray_session):
+    # data.oversample_prompts: each step draws 4 + 2 prompts and trains on the first 4 groups to end
+    cfg = small_config(
+        random_tiny_checkpoint, tmp_path,
+        **{"data.oversample_prompts": 2, "runner.max_steps": 2, "runner.val_check_interval": 0},
+    )  # fmt: skip
+    assert run(cfg) == 0
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["rollout/num_responses"] for r in steps] == [16, 16]  # rollout_batch_size x group_size
+    assert all(abs(r["advantages/mean"]) < 1e-6 for r in steps)  # whole groups: each centred on its mean
+    state = json.loads(
+        (tmp_path / "results" / "it" / "checkpoints" / "step_2" / "runner_state.json").read_text()
+    )
+    assert state["data"]["index"] == 12  # 6 prompts drawn per step

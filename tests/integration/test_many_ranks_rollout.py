@@ -42,3 +42,22 @@ def test_two_engines_split_the_prompts_and_their_groups_never_collide(
     assert merged.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert merged.solutions == [item.solutions for item in prompts for _ in range(2)]
     assert torch.equal(merged.rollout_logprobs[:4, : first.rollout_logprobs.shape[1]], first.rollout_logprobs)
+
+
+def test_two_engines_each_keep_their_share_of_the_groups(random_tiny_checkpoint, tmp_path, ray_session):
+    # data.oversample_prompts: 6 prompts drawn, 4 groups kept, 2 per engine (quota_shares)
+    cfg = small_config(random_tiny_checkpoint, tmp_path)
+    train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
+    prompts, params = list(train)[:6], SamplingParams.from_config(cfg.algorithm.sampling_params)
+    group = WorkerGroup("rollout", ROLLOUT_BACKENDS["torch"], (cfg,), num_workers=2)
+    try:
+        merged = RolloutGroup(group).generate(prompts, 2, params, seed=5, keep_groups=4)
+    finally:
+        group.kill()
+    local = TorchRollout(cfg)
+    first = local.generate(prompts[:3], 2, params, 5, keep_groups=2)
+    second = local.generate(prompts[3:], 2, params, engine_seed(5, 1), keep_groups=2)
+    assert len(first) == len(second) == 4 and set(first.finish_reasons) <= {"stop", "length"}
+    assert responses(merged) == responses(first) + responses(second)
+    assert merged.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert merged.solutions == first.solutions + second.solutions

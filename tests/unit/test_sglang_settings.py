@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlinf.config.schema import Config
-from rlinf.workers.rollout import moe_configs
+from rlinf.workers.rollout import moe_configs, sglang_settings
 from rlinf.workers.rollout.sglang_args import engine_kwargs
 from rlinf.workers.rollout.sglang_settings import (
     check_flashmla,
@@ -54,7 +54,7 @@ def test_measured_choices_fill_only_what_the_recipe_leaves_unset():
         "chunked_prefill_size": 16384,
         "decode_attention_backend": "flashmla",
     }
-    out = measured_args(recipe, measured, flashmla=True)
+    out = measured_args(recipe, measured, flashmla_unusable=None)
     assert out["cuda_graph_max_bs"] == 256  # the recipe's value wins
     assert out["chunked_prefill_size"] == 16384
     assert out["decode_attention_backend"] == "flashmla" and out["prefill_attention_backend"] == "triton"
@@ -62,27 +62,35 @@ def test_measured_choices_fill_only_what_the_recipe_leaves_unset():
 
 def test_a_measured_flashmla_choice_is_dropped_where_the_kernel_is_missing():
     measured = {"decode_attention_backend": "flashmla", "chunked_prefill_size": 16384}
-    out = measured_args({"attention_backend": "triton"}, measured, flashmla=False)
+    out = measured_args({"attention_backend": "triton"}, measured, flashmla_unusable="no kernel")
     assert out == {"attention_backend": "triton", "chunked_prefill_size": 16384}
 
 
-def test_engine_settings_apply_measured_choices(sgl_kernel):
+def test_engine_settings_apply_measured_flashmla_only_where_it_runs(sgl_kernel, monkeypatch):
     cfg = Config()
     cfg = replace(
         cfg, rollout=replace(cfg.rollout, sglang=replace(cfg.rollout.sglang, attention_backend="triton"))
     )
-    measured = {"decode_attention_backend": "flashmla"}
-    kwargs = engine_settings(
-        cfg, model_path="/m", hf_config=MOONLIGHT, colocated=False, measured=measured
-    ).kwargs
-    assert "decode_attention_backend" not in kwargs  # no kernel: the defaults still start
+    monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: (9, 0))
+
+    def kwargs(hf_config=MOONLIGHT, measured=None):
+        return engine_settings(
+            cfg, model_path="/m", hf_config=hf_config, colocated=False, measured=measured
+        ).kwargs
+
+    assert "decode_attention_backend" not in kwargs()  # the defaults, no kernel: the engine still starts
     (sgl_kernel / "flashmla_ops.abi3.so").write_bytes(b"")
-    kwargs = engine_settings(
-        cfg, model_path="/m", hf_config=MOONLIGHT, colocated=False, measured=measured
-    ).kwargs
+    chosen = kwargs()  # the defaults (MEASURED_ENGINE_ARGS) on Hopper with the kernel
     assert (
-        kwargs["decode_attention_backend"] == "flashmla" and kwargs["prefill_attention_backend"] == "triton"
+        chosen["decode_attention_backend"] == "flashmla" and chosen["prefill_attention_backend"] == "triton"
     )
+    gpu_tiny = MOONLIGHT | {"kv_lora_rank": 256, "qk_rope_head_dim": 32}  # a head FlashMLA cannot decode
+    assert "decode_attention_backend" not in kwargs(gpu_tiny)
+    assert "decode_attention_backend" not in kwargs(measured={})  # the benchmarks' reference engine
+    monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: (8, 0))  # not measured off Hopper
+    assert "decode_attention_backend" not in kwargs()
+    monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: None)
+    assert "decode_attention_backend" not in kwargs()
 
 
 def test_flashmla_kernel_is_found_in_the_installed_sgl_kernel(sgl_kernel):

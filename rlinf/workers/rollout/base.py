@@ -10,6 +10,7 @@ import torch
 from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import OBJECT_STORE
+from rlinf.workers.rollout.group_quota import GroupQuota
 from rlinf.workers.rollout.sampling import SamplingParams
 
 WeightBucket = list[tuple[str, torch.Tensor]]
@@ -18,9 +19,16 @@ WeightBucket = list[tuple[str, torch.Tensor]]
 class RolloutWorker(ABC):
     @abstractmethod
     def generate(
-        self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: Sequence[PromptItem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        keep_groups: int | None = None,
     ) -> RolloutBatch:
-        """n responses per prompt; rows of one prompt share a group index."""
+        """n responses per prompt; rows of one prompt share a group index. `keep_groups`: end as
+        soon as that many prompts have all n responses finished, and return only those groups
+        (group_quota.py); None: every prompt's."""
 
     @abstractmethod
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
@@ -47,6 +55,20 @@ class RolloutWorker(ABC):
 
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def group_quota(num_prompts: int, n: int, keep_groups: int | None) -> GroupQuota | None:
+    """The quota over the prompt-major rows of one generate call (None when every group is kept)."""
+    if keep_groups is None:
+        return None
+    return GroupQuota([row // n for row in range(num_prompts * n)], keep_groups)
+
+
+def kept_groups(batch: RolloutBatch, quota: GroupQuota | None) -> RolloutBatch:
+    """The rows of the groups the quota kept, groups renumbered from 0, widths trimmed."""
+    if quota is None:
+        return batch
+    return RolloutBatch.concat([batch.select(quota.kept_rows())]).trimmed()
 
 
 def check_memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from rlinf.models.logprobs import positions_from_mask, scale_logits
 
 if TYPE_CHECKING:
     from rlinf.models.routing import ExpertRecorder
+    from rlinf.workers.rollout.group_quota import GroupQuota
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class GenerationOutput:
     response_ids: torch.Tensor  # [B, R] long, right-padded with pad_token_id
     response_mask: torch.Tensor  # [B, R] bool, True on generated tokens (EOS included)
     logprobs: torch.Tensor  # [B, R] fp32, 0 on padding
-    finish_reasons: list[str]  # "stop" (an EOS was produced) or "length"
+    finish_reasons: list[str]  # "stop" (an EOS was produced), "length", or "abort" (the quota ended it)
     # With a recorder: the experts each token was routed to (RolloutBatch.prompt/response_experts)
     prompt_experts: torch.Tensor | None = None  # [B, P, MoE layers, top_k] uint8
     response_experts: torch.Tensor | None = None  # [B, R, MoE layers, top_k] uint8, 0 where not fed
@@ -139,8 +140,12 @@ def sample(
     generator: torch.Generator | None = None,
     max_batch_size: int = 256,
     recorder: ExpertRecorder | None = None,
+    quota: GroupQuota | None = None,
 ) -> GenerationOutput:
     """Sample one response per prompt, `max_batch_size` prompts decoded together.
+
+    `quota` (rows = prompts): decoding ends as soon as it is met; rows still running then, and the
+    rows of chunks not yet started (no response tokens), finish as "abort".
 
     `recorder` (installed on `model`): also return the experts every fed token was routed to.
 
@@ -174,6 +179,8 @@ def sample(
                     pad_token_id,
                     generator,
                     recorder,
+                    quota,
+                    start,
                 )
                 for start in range(0, len(prompts), max_batch_size)
             ]
@@ -212,6 +219,8 @@ def _sample_chunk(
     pad_token_id: int,
     generator: torch.Generator | None,
     recorder: ExpertRecorder | None = None,
+    quota: GroupQuota | None = None,
+    first_row: int = 0,
 ) -> GenerationOutput:
     device = eos_ids.device
     prompt_len = max(len(p) for p in prompts)
@@ -223,11 +232,17 @@ def _sample_chunk(
     )
 
     batch, max_new = len(prompts), params.max_new_tokens
+    if quota is not None and quota.met:  # an earlier chunk met it: nothing to decode here
+        max_new = 0
     response_ids = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
     response_mask = torch.zeros((batch, max_new), dtype=torch.bool, device=device)
     logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-
+    ended = torch.zeros(batch, dtype=torch.bool, device=device)  # by EOS or the length limit
+    if max_new == 0:
+        return GenerationOutput(
+            prompt_ids, prompt_mask, response_ids, response_mask, logprobs, ["abort"] * batch
+        )
     cache = DynamicCache(config=model.config)
     attention_mask = prompt_mask
     logits = model(
@@ -255,9 +270,14 @@ def _sample_chunk(
         response_mask[rows, step] = True
         hit_eos = torch.isin(tokens, eos_ids)
         stopped[rows] = hit_eos
+        last = step + 1 == max_new
+        if quota is not None:
+            done = rows if last else rows[hit_eos]
+            ended[done] = True
+            quota.finish([first_row + int(r) for r in done.tolist()])
         live = ~hit_eos
         now_live = int(live.sum())
-        if now_live == 0 or step + 1 == max_new:
+        if now_live == 0 or last or (quota is not None and quota.met):
             break
         if now_live < num_live:
             keep = live.nonzero().squeeze(-1)
@@ -288,7 +308,10 @@ def _sample_chunk(
         response_ids=response_ids[:, :num_steps],
         response_mask=response_mask[:, :num_steps],
         logprobs=logprobs[:, :num_steps],
-        finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
+        finish_reasons=[
+            "stop" if s else "length" if e or quota is None else "abort"
+            for s, e in zip(stopped.tolist(), ended.tolist(), strict=True)
+        ],
         prompt_experts=prompt_experts,
         response_experts=None if response_experts is None else response_experts[:, :num_steps],
     )
@@ -319,9 +342,9 @@ def _concatenate(chunks: list[GenerationOutput], pad_token_id: int) -> Generatio
         response_ids[row : row + n, :r] = c.response_ids
         response_mask[row : row + n, :r] = c.response_mask
         logprobs[row : row + n, :r] = c.logprobs
-        if prompt_experts is not None and response_experts is not None:
-            prompt_experts[row : row + n, prompt_len - p :] = c.prompt_experts
-            response_experts[row : row + n, :r] = c.response_experts
+        if c.prompt_experts is not None and c.response_experts is not None:  # none where nothing ran
+            prompt_experts[row : row + n, prompt_len - p :] = c.prompt_experts  # type: ignore[index]
+            response_experts[row : row + n, :r] = c.response_experts  # type: ignore[index]
         row += n
     return GenerationOutput(
         prompt_ids=prompt_ids,

@@ -17,11 +17,13 @@ import asyncio
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlinf.workers.backends import INSTALL_HINT as GPU_STACK_HINT
+from rlinf.workers.rollout.group_quota import GroupQuota, run_until_quota
 from rlinf.workers.rollout.sglang_args import ALL_MEMORY_TAGS
 from rlinf.workers.rollout.sglang_hooks import enable_for_children as enable_rlinf_hooks
 
@@ -169,7 +171,10 @@ class SGLangEngine:
         sampling_params: list[dict[str, Any]],
         *,
         return_routed_experts: bool = False,
-    ) -> list[dict]:
+        quota: GroupQuota | None = None,
+    ) -> list[dict | None]:
+        """One reply per request. With `quota` (rows = requests) each request runs on its own and
+        the unfinished ones are aborted once the quota is met: their replies are None."""
         if self.weights_stale:
             raise RuntimeError(
                 f"{self.where}: generate after the engine's weights were released and not pushed again "
@@ -179,12 +184,26 @@ class SGLangEngine:
             raise RuntimeError(
                 f"{self.where}: generate while {sorted(self.released)} are released (call wake)"
             )
+        extra = {"return_routed_experts": True} if return_routed_experts else {}
+        if quota is not None:
+            rids = [f"rlinf-{uuid.uuid4().hex}" for _ in input_ids]
+
+            def submit(row: int):
+                return self.engine.async_generate(
+                    input_ids=list(input_ids[row]), sampling_params=sampling_params[row],
+                    return_logprob=True, rid=rids[row], **extra,
+                )  # fmt: skip
+
+            def abort(row: int) -> None:
+                self.engine.tokenizer_manager.abort_request(rids[row])
+
+            return self._run(run_until_quota(submit, quota, abort))
         outputs = self._run(
             self.engine.async_generate(
                 input_ids=[list(p) for p in input_ids],
                 sampling_params=sampling_params,
                 return_logprob=True,
-                **({"return_routed_experts": True} if return_routed_experts else {}),
+                **extra,
             )
         )
         return outputs if isinstance(outputs, list) else [outputs]

@@ -23,7 +23,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, gpu_uuid
 from rlinf.workers.common import eos_token_ids, pad_token_id
-from rlinf.workers.rollout.base import RolloutWorker, WeightBucket
+from rlinf.workers.rollout.base import RolloutWorker, WeightBucket, group_quota
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import (
     ALL_MEMORY_TAGS,
@@ -96,13 +96,26 @@ class SGLangRollout(RolloutWorker):
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
-        self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: Sequence[PromptItem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        keep_groups: int | None = None,
     ) -> RolloutBatch:
         # n separate requests per prompt (prompt-major), each with its own seed: samples differ.
         repeated = [item for item in prompts for _ in range(n)]
         input_ids = [list(item.prompt_ids) for item in repeated]
         requests = sampling_dicts(params, self.eos_ids, request_seeds(seed, len(input_ids)))
-        outputs = self.engine.generate(input_ids, requests, return_routed_experts=self.routing is not None)
+        quota = group_quota(len(prompts), n, keep_groups)
+        replies = self.engine.generate(
+            input_ids, requests, return_routed_experts=self.routing is not None, quota=quota
+        )
+        if quota is not None:  # only the kept groups' rows, which all finished (group_quota.py)
+            rows = quota.kept_rows()
+            repeated, input_ids = [repeated[r] for r in rows], [input_ids[r] for r in rows]
+            replies, prompts = [replies[r] for r in rows], [prompts[r // n] for r in rows[::n]]
+        outputs = [reply for reply in replies if reply is not None]
         parsed = parse_outputs(outputs, input_ids, self.pad_id)
         texts = decode_responses(
             parsed, lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True))

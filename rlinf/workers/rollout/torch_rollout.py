@@ -17,7 +17,13 @@ from rlinf.workers.common import (
     pad_token_id,
     worker_device,
 )
-from rlinf.workers.rollout.base import RolloutWorker, WeightBucket, check_memory_tags
+from rlinf.workers.rollout.base import (
+    RolloutWorker,
+    WeightBucket,
+    check_memory_tags,
+    group_quota,
+    kept_groups,
+)
 from rlinf.workers.rollout.sampling import SamplingParams, sample
 
 
@@ -43,9 +49,15 @@ class TorchRollout(RolloutWorker):
             self.recorder = ExpertRecorder(self.model)
 
     def generate(
-        self, prompts: Sequence[PromptItem], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: Sequence[PromptItem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        keep_groups: int | None = None,
     ) -> RolloutBatch:
         repeated = [item for item in prompts for _ in range(n)]
+        quota = group_quota(len(prompts), n, keep_groups)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         out = sample(
             self.model,
@@ -56,12 +68,13 @@ class TorchRollout(RolloutWorker):
             generator=generator,
             max_batch_size=self.cfg.rollout.max_batch_size,
             recorder=self.recorder,
+            quota=quota,
         )
         texts = [
             self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
             for ids, mask in zip(out.response_ids, out.response_mask, strict=True)
         ]
-        return RolloutBatch(
+        batch = RolloutBatch(
             prompt_ids=out.prompt_ids.cpu(),
             prompt_mask=out.prompt_mask.cpu(),
             response_ids=out.response_ids.cpu(),
@@ -75,6 +88,7 @@ class TorchRollout(RolloutWorker):
             response_experts=None if out.response_experts is None else out.response_experts.cpu(),
             extras={} if self.recorder is None else {"time/routing_record": self.recorder.pop_seconds()},
         )
+        return kept_groups(batch, quota)
 
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         from rlinf.models.weights import load_weight_bucket
