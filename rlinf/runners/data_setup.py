@@ -75,11 +75,12 @@ def build_datasets(cfg: Config, tokenizer) -> tuple[PromptDataset, PromptDataset
     if train is None:
         raise DatasetError(f"{_where(cfg, 'train')}: the training set is empty")
     if len(train) < prompts_per_step(cfg.data):
+        extra = cfg.data.oversample_prompts
         raise DatasetError(
-            f"{_where(cfg, 'train')}: {len(train)} usable training prompt(s), fewer than the "
-            f"{prompts_per_step(cfg.data)} a step draws (data.rollout_batch_size="
-            f"{cfg.data.rollout_batch_size} + data.oversample_prompts={cfg.data.oversample_prompts}): "
-            "no full batch can be formed"
+            f"{_where(cfg, 'train')}: {len(train)} usable training prompt(s), fewer than "
+            f"data.rollout_batch_size={cfg.data.rollout_batch_size}"
+            + (f" + data.oversample_prompts={extra}" if extra else "")
+            + ": no full batch can be formed"
         )
     logger.info("data: %d training prompts, %d validation prompts", len(train), len(val) if val else 0)
     return train, val, counters
