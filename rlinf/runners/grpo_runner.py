@@ -83,7 +83,9 @@ class GRPORunner:
         prompts = self.loader.next_batch()
         with self.timer.phase("rollout"):
             keep = self.cfg.data.rollout_batch_size if self.cfg.data.oversample_prompts else None
-            batch = roles.rollout.generate(prompts, a.group_size, self.sampling, self._seed("rollout"), keep)
+            batch = roles.rollout.generate(
+                prompts, a.group_size, self.sampling, self._seed("rollout"), keep_groups=keep
+            )
         with self.timer.phase("reward"):
             batch = roles.reward.score(batch)
         advantages = compute_advantages(

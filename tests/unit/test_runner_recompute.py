@@ -39,7 +39,8 @@ class _Rollout:
     def __init__(self) -> None:
         self.batch = _batch()
 
-    def generate(self, prompts, group_size, sampling, seed):
+    def generate(self, prompts, group_size, sampling, seed, keep_groups=None):
+        assert keep_groups is None  # data.oversample_prompts is 0: every group is kept
         return self.batch
 
 
