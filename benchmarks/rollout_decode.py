@@ -24,6 +24,8 @@ JSON object; --rows FILE also appends each row as a JSON line as soon as it is m
         [--tail-lengths 2048,4096]  # SGLang: instead of the fixed-length batches, per length one
                                   # fixed-length call and one of mixed lengths (decode_bounds.
                                   # response_lengths) timed per request: the tail of the step
+        [--oversample-groups 4]   # with --tail-lengths: also the same batch plus this many groups,
+                                  # ended by data.oversample_prompts' quota (rollout's abort path)
         [--time-budget-s 500]     # start no engine that would likely end past this; report the rest
         [--sdpa-backends flash,efficient,math]  # torch / generate: the SDPA kernels allowed (default:
                                   # torch's choice, cuDNN first on Hopper; the torch rollout's decode
@@ -274,6 +276,13 @@ def main() -> None:
     parser.add_argument("--tail-lengths", default="", help="comma list of max new tokens (SGLang)")
     parser.add_argument("--tail-share", type=float, default=0.9)
     parser.add_argument("--group-size", type=int, default=8, help="GRPO group of the tail report")
+    parser.add_argument(
+        "--oversample-groups",
+        type=int,
+        default=0,
+        help="tail runs: also draw this many more groups and end at the batch's groups (the rollout's "
+        "quota path, data.oversample_prompts)",
+    )
     parser.add_argument("--time-budget-s", type=float, default=0.0, help="0 = no budget")
     parser.add_argument("--rows", type=Path, default=None, help="append every row here as a JSON line")
     parser.add_argument(
@@ -484,10 +493,46 @@ def measure_tail(
             "prefill_seconds": round(prefill, 3),
         }
         row.update(report, call_seconds=round(seconds, 3), **extra)
+        if args.oversample_groups:
+            row["oversampled"] = measure_oversampled(engine, batch, length, vocab, args, report)
         entry["tail"] = row
         result.setdefault("tail_runs", []).append(entry)
         write_row({"tail": row})
         print({"tail": row}, file=sys.stderr, flush=True)
+
+
+def measure_oversampled(engine, batch: int, length: int, vocab: int, args, plain: dict) -> dict:
+    """The mixed-length batch plus `oversample_groups` groups drawn from the same length law (the
+    first `batch` lengths are the plain run's), ended once batch / group_size groups are complete
+    through the rollout's own quota path (sglang_engine.generate_until_quota: abort by rid)."""
+    import time
+
+    from rlinf.workers.rollout.group_quota import GroupQuota
+    from rlinf.workers.rollout.sglang_engine import generate_until_quota
+
+    size = args.group_size
+    count = batch + args.oversample_groups * size
+    prompts = random_prompts(count, args.prompt_len, vocab, seed=batch)
+    lengths = response_lengths(count, length, seed=batch)
+    params = [{"temperature": 1.0, "max_new_tokens": n, "ignore_eos": True} for n in lengths]
+    quota = GroupQuota([row // size for row in range(count)], keep=batch // size)
+    start = time.perf_counter()
+    replies = engine.loop.run_until_complete(generate_until_quota(engine, prompts, params, quota))
+    seconds = time.perf_counter() - start
+    kept = quota.kept_rows()
+    if any(replies[row] is None or len(replies[row]["output_ids"]) != lengths[row] for row in kept):
+        raise RuntimeError("a kept response is missing or cut short")
+    kept_tokens = sum(lengths[row] for row in kept)
+    return {
+        "requests": count,
+        "kept_groups": batch // size,
+        "aborted_requests": sum(reply is None for reply in replies),
+        "step_seconds": round(seconds, 3),
+        "kept_tokens": kept_tokens,
+        "kept_tokens_per_s": round(kept_tokens / seconds, 1),
+        "step_vs_plain": round(seconds / plain["step_seconds"], 4),
+        "kept_tokens_per_s_vs_plain": round(kept_tokens / seconds / plain["tokens_per_s"], 4),
+    }
 
 
 def median(values: list[float]) -> float:

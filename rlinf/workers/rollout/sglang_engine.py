@@ -30,7 +30,7 @@ from rlinf.workers.rollout.sglang_hooks import enable_for_children as enable_rli
 INSTALL_HINT = f"rollout.rollout_backend=sglang needs sglang 0.5.12 (Python 3.12, CUDA); {GPU_STACK_HINT}"
 # (object, method) pairs of sglang.Engine this module calls, with the keyword arguments it passes.
 SGLANG_CALLS: dict[str, tuple[str, ...]] = {
-    "async_generate": ("input_ids", "sampling_params", "return_logprob", "return_routed_experts"),
+    "async_generate": ("input_ids", "sampling_params", "return_logprob", "return_routed_experts", "rid"),
     "update_weights_from_tensor": ("named_tensors", "load_format", "flush_cache"),
     "init_weights_update_group": (
         "master_address",
@@ -91,6 +91,29 @@ def stderr_tail(lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def generate_until_quota(
+    engine,
+    input_ids: Sequence[Sequence[int]],
+    sampling_params: list[dict[str, Any]],
+    quota: GroupQuota,
+    **extra: Any,
+):
+    """The coroutine of a quota-bounded generate on an sglang.Engine: one request per row, each
+    with its own rid, the unfinished ones aborted by rid once `quota` is met (their replies None)."""
+    rids = [f"rlinf-{uuid.uuid4().hex}" for _ in input_ids]
+
+    def submit(row: int):
+        return engine.async_generate(
+            input_ids=list(input_ids[row]), sampling_params=sampling_params[row],
+            return_logprob=True, rid=rids[row], **extra,
+        )  # fmt: skip
+
+    def abort(row: int) -> None:
+        engine.tokenizer_manager.abort_request(rids[row])
+
+    return run_until_quota(submit, quota, abort)
 
 
 class SGLangEngine:
@@ -186,18 +209,7 @@ class SGLangEngine:
             )
         extra = {"return_routed_experts": True} if return_routed_experts else {}
         if quota is not None:
-            rids = [f"rlinf-{uuid.uuid4().hex}" for _ in input_ids]
-
-            def submit(row: int):
-                return self.engine.async_generate(
-                    input_ids=list(input_ids[row]), sampling_params=sampling_params[row],
-                    return_logprob=True, rid=rids[row], **extra,
-                )  # fmt: skip
-
-            def abort(row: int) -> None:
-                self.engine.tokenizer_manager.abort_request(rids[row])
-
-            return self._run(run_until_quota(submit, quota, abort))
+            return self._run(generate_until_quota(self.engine, input_ids, sampling_params, quota, **extra))
         outputs = self._run(
             self.engine.async_generate(
                 input_ids=[list(p) for p in input_ids],
