@@ -73,6 +73,9 @@ class ColocatedMemory:
         self.timer.pop()
 
     def _sync_in_order(self, sync: Callable[[], object]) -> None:
+        # Training leaves its activations' blocks in the actor's allocator cache: the engine's
+        # weights would not fit beside them (a 10-layer Moonlight slice on one H200 did not).
+        self.roles.actor.empty_device_cache()
         self._transition("rollout_resume_weights", lambda: self.roles.rollout.wake(["weights"]))
         self._transition("weight_sync", sync)
         if self.offload_actor:

@@ -103,6 +103,10 @@ class GroupFacade:
         totals = [t for t in self.group.device_memory_total_gib() if t is not None]
         return min(totals) if totals else None
 
+    def empty_device_cache(self) -> None:
+        """Every rank hands its cached, unused GPU blocks back (a colocated engine needs them)."""
+        self.group.empty_device_cache()
+
 
 class ActorGroup(GroupFacade):
     def __init__(self, group: WorkerGroup) -> None:

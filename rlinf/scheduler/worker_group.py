@@ -121,6 +121,13 @@ class WorkerHost:
 
         return torch.cuda.mem_get_info()[1] / 2**30 if torch.cuda.is_available() else None
 
+    def empty_device_cache(self) -> None:
+        """Hand this process's cached, unused GPU blocks back to the device (for a colocated engine)."""
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
 
 class WorkerGroup:
     def __init__(
@@ -205,6 +212,9 @@ class WorkerGroup:
 
     def device_memory_total_gib(self) -> list[float | None]:
         return self._get([h.device_memory_total_gib.remote() for h in self.handles])
+
+    def empty_device_cache(self) -> None:
+        self._get([h.empty_device_cache.remote() for h in self.handles])
 
     def get(self, refs: list) -> list:
         """Results of refs from call_async (in rank order), with this group's failure handling."""

@@ -32,6 +32,7 @@ def roles_on(gpu: FakeGPU):
     actor = SimpleNamespace(
         offload=call("actor.offload", lambda: setattr(gpu, "actor_on", False)),
         onload=call("actor.onload", lambda: setattr(gpu, "actor_on", True)),
+        empty_device_cache=call("actor.empty_cache"),
         device_memory_used_gib=gpu.used,
         device_memory_total_gib=lambda: gpu.total,
     )
@@ -63,7 +64,7 @@ def test_offload_true_keeps_the_documented_order_every_step():
     gpu = FakeGPU(total=140, actor=45, engine=70)
     run(gpu, True, steps=1)
     assert gpu.calls == [
-        "actor.offload", "generate", "rollout.sleep", "actor.onload", "train",
+        "actor.offload", "generate", "rollout.sleep", "actor.onload", "train", "actor.empty_cache",
         "rollout.wake['weights']", "sync", "actor.offload", "rollout.wake['kv_cache', 'cuda_graph']",
     ]  # fmt: skip
 
@@ -124,11 +125,11 @@ def test_a_checkpoint_of_an_offloaded_actor_gets_the_engines_kv_cache_memory(mod
     ("colocated", "offload", "expected"),
     [
         (True, True, [
-            "actor.load", "rollout.sleep", "actor.onload", "rollout.wake['weights']", "sync",
+            "actor.load", "rollout.sleep", "actor.onload", "actor.empty_cache", "rollout.wake['weights']", "sync",
             "actor.offload", "rollout.wake['kv_cache', 'cuda_graph']",
         ]),  # start() does not offload again
         (True, False, [
-            "actor.load", "rollout.sleep", "actor.onload", "rollout.wake['weights']", "sync",
+            "actor.load", "rollout.sleep", "actor.onload", "actor.empty_cache", "rollout.wake['weights']", "sync",
             "rollout.wake['kv_cache', 'cuda_graph']",
         ]),
         (False, True, ["actor.load", "sync"]),  # disaggregated: nothing to release

@@ -27,6 +27,21 @@ class HangingEngine:
         await asyncio.sleep(3600)
 
 
+class CrashOnResumeEngine(HangingEngine):
+    """resume_memory_occupation runs the loop itself, as sglang.Engine's does, and its scheduler
+    dies on the way (seen on the H200: torch_memory_saver's cuMemCreate out of memory)."""
+
+    def resume_memory_occupation(self, tags=None):
+        async def reply_never_comes():
+            self.loop.call_later(0.2, signal.raise_signal, signal.SIGQUIT)
+            await asyncio.sleep(3600)
+
+        return self.loop.run_until_complete(reply_never_comes())
+
+    def release_memory_occupation(self, tags=None):
+        return None
+
+
 class ReplyingEngine:
     """Replies arrive only through the tokenizer manager's response task, which, as in sglang
     0.5.12, lands on the *running* loop or, outside one, on a new loop it creates."""
@@ -102,5 +117,23 @@ def test_child_crash_ends_the_pending_call_with_the_engine_log(monkeypatch):
         with pytest.raises(se.EngineDiedError):  # and every later call, at once
             engine.flush_cache()
     finally:
+        engine.engine.loop.remove_signal_handler(signal.SIGQUIT)
+        engine.engine.loop.close()
+
+
+def test_child_crash_during_a_memory_call_ends_it_with_the_engine_log(monkeypatch):
+    monkeypatch.setattr(se, "import_sglang", lambda: CrashOnResumeEngine)
+    monkeypatch.setattr(
+        se, "stderr_tail", lambda: "[torch_memory_saver.cpp] cudaError error: 2 (out of memory)"
+    )
+    engine = se.SGLangEngine({"enable_memory_saver": True}, where="rollout engine (rank 0 of 1, GPUs [0])")
+    try:
+        engine.release(["weights"])
+        signal.signal(signal.SIGALRM, hung)
+        signal.alarm(5)
+        with pytest.raises(se.EngineDiedError, match=r"(?s)rank 0 of 1.*died\n.*out of memory"):
+            engine.resume(["weights"])
+    finally:
+        signal.alarm(0)
         engine.engine.loop.remove_signal_handler(signal.SIGQUIT)
         engine.engine.loop.close()

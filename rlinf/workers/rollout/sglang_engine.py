@@ -126,6 +126,7 @@ class SGLangEngine:
         self.released: set[str] = set()
         self.weights_stale = False  # weights released and not pushed again since
         self._died: asyncio.Future | None = None
+        self._in_blocking_call = False  # an sglang.Engine method is running the loop itself
         _sigquit_seen.clear()  # an earlier engine's death in this process is not this one's
         enable_rlinf_hooks()  # rlinf's lighter sampler in the engine's scheduler (sglang_hooks.py)
         try:
@@ -154,6 +155,11 @@ class SGLangEngine:
     def _on_child_died(self) -> None:
         if self._died is not None and not self._died.done():
             self._died.set_result(True)
+        if self._in_blocking_call:
+            # The Engine method waits in its own run_until_complete for a reply the dead scheduler
+            # will never send: cancelling the loop's tasks ends that wait (the engine is gone).
+            for task in asyncio.all_tasks(self.engine.loop):
+                task.cancel()
 
     def _with_log(self, message: str) -> str:
         tail = stderr_tail()
@@ -180,7 +186,14 @@ class SGLangEngine:
         """A weight / cache call on a live engine. SGLang answers (success, message), or an object
         with .success (flush_cache); a failure raises with the engine's name."""
         self._raise_if_died()
-        result = getattr(self.engine, call)(**kwargs)
+        self._in_blocking_call = True
+        try:
+            result = getattr(self.engine, call)(**kwargs)
+        except asyncio.CancelledError:
+            self._raise_if_died()
+            raise
+        finally:
+            self._in_blocking_call = False
         self._raise_if_died()
         ok, message = result if isinstance(result, tuple) else (getattr(result, "success", True), result)
         if not ok:
@@ -263,7 +276,7 @@ class SGLangEngine:
         if not self.memory_saver or not todo:
             return
         self._raise_if_died()
-        self.engine.release_memory_occupation(tags=todo)
+        self._call("release_memory_occupation", tags=todo)
         self.released.update(todo)
         if "weights" in todo:
             self.weights_stale = True
@@ -273,7 +286,7 @@ class SGLangEngine:
         if not todo:
             return
         self._raise_if_died()
-        self.engine.resume_memory_occupation(tags=todo)
+        self._call("resume_memory_occupation", tags=todo)
         self.released.difference_update(todo)
 
     def shutdown(self) -> None:
