@@ -1,7 +1,7 @@
 """The colocated memory order: actor and rollout take turns on the same GPUs.
 
     generate -> rollout releases KV cache and weights -> actor onloads -> logprobs + train
-    -> rollout resumes its weights -> weight sync -> actor offloads (offload_between_phases only)
+    -> actor empties its allocator cache -> rollout resumes its weights -> weight sync -> actor offloads (offload_between_phases only)
     -> rollout resumes its KV cache
 
 Each transition is logged, timed (time/<transition>) and, on CUDA, followed by the GPU memory in use
