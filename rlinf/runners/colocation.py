@@ -1,8 +1,8 @@
 """The colocated memory order: actor and rollout take turns on the same GPUs.
 
     generate -> rollout releases KV cache and weights -> actor onloads -> logprobs + train
-    -> actor empties its allocator cache -> rollout resumes its weights -> weight sync -> actor offloads (offload_between_phases only)
-    -> rollout resumes its KV cache
+    -> actor empties its allocator cache -> rollout resumes its weights -> weight sync
+    -> actor offloads (offload_between_phases only) -> rollout resumes its KV cache
 
 Each transition is logged, timed (time/<transition>) and, on CUDA, followed by the GPU memory in use
 (memory/<transition>_gib, the fullest GPU of the actor's ranks). `offload_between_phases: auto`
