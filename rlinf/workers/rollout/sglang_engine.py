@@ -275,7 +275,6 @@ class SGLangEngine:
         todo = [t for t in tags if t not in self.released]
         if not self.memory_saver or not todo:
             return
-        self._raise_if_died()
         self._call("release_memory_occupation", tags=todo)
         self.released.update(todo)
         if "weights" in todo:
@@ -285,7 +284,6 @@ class SGLangEngine:
         todo = [t for t in tags if t in self.released]
         if not todo:
             return
-        self._raise_if_died()
         self._call("resume_memory_occupation", tags=todo)
         self.released.difference_update(todo)
 
