@@ -236,15 +236,18 @@ def word_level_tokenizer(checkpoint: Path, vocab_size: int, eos_id: int) -> None
 
 def build_checkpoint(path: Path, layers: int = 4) -> Path:
     """The Moonlight slice of `layers` layers with a word-level tokenizer, built on the GPU unless
-    present (a checkpoint of another depth at `path` is an error, not reused)."""
+    present (a checkpoint of another depth at `path` is an error, not reused). The build runs in a
+    child process: this one lives through the runs it measures, and the builder's CUDA cache (28 GiB
+    at 12 layers) would stay on the GPU beside them."""
     if (path / "tokenizer.json").is_file():
         built = json.loads((path / "config.json").read_text())["num_hidden_layers"]
         if built != layers:
             raise SystemExit(f"--checkpoint {path} holds a {built}-layer slice, not --layers {layers}")
         return path
-    from rlinf.models.slice import build_moonlight_slice, moonlight_slice_config
+    from rlinf.models.slice import moonlight_slice_config
 
-    build_moonlight_slice(path, layers, dtype="bf16", device="cuda")
+    build = [sys.executable, "-m", "rlinf.models.slice", "--out", str(path), "--layers", str(layers)]
+    subprocess.run([*build, "--dtype", "bf16", "--device", "cuda"], cwd=ROOT, check=True)
     fields = moonlight_slice_config(layers)
     word_level_tokenizer(path, fields["vocab_size"], fields["eos_token_id"])
     return path
