@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rlinf.config.schema import Config
 from rlinf.config.validate import placement_of, total_gpus
+from rlinf.models.megatron.fp32_gemms import exact_fp32_env
 from rlinf.scheduler.facades import ActorGroup, RewardGroup, RolloutGroup
 from rlinf.scheduler.worker_group import WorkerGroup
 from rlinf.workers.backends import ACTOR_BACKENDS, REWARD_WORKER, ROLLOUT_BACKENDS
@@ -66,10 +67,18 @@ def launch_roles(cfg: Config) -> Roles:
     share = 0.5 if colocated else 1.0  # colocated roles split each GPU's Ray resource
     sizes = group_sizes(cfg)
 
-    def gpu_group(role: str, target: str, gpus_per_rank: int, distributed: bool = False) -> WorkerGroup:
+    def gpu_group(
+        role: str,
+        target: str,
+        gpus_per_rank: int,
+        distributed: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> WorkerGroup:
         gpus = placement.gpus[role]
         if not gpus:
-            return WorkerGroup(role, target, (cfg,), num_workers=sizes[role], distributed=distributed)
+            return WorkerGroup(
+                role, target, (cfg,), num_workers=sizes[role], distributed=distributed, env=env
+            )
         # A rank's bundle is the first GPU of its share (an SGLang engine starts its other TP
         # processes on the following GPUs itself).
         return WorkerGroup(
@@ -81,9 +90,12 @@ def launch_roles(cfg: Config) -> Roles:
             placement_group=pg,
             bundle_indices=[gpus[rank * gpus_per_rank] for rank in range(sizes[role])],
             distributed=distributed,
+            env=env,
         )
 
-    actor = gpu_group("actor", ACTOR_BACKENDS[cfg.actor.training_backend], 1, distributed=True)
+    # An fp32 actor's processes start with exact fp32 GEMMs (Transformer Engine asks for TF32)
+    actor_env = exact_fp32_env(cfg.actor.model.precision)
+    actor = gpu_group("actor", ACTOR_BACKENDS[cfg.actor.training_backend], 1, distributed=True, env=actor_env)
     rollout_tp = cfg.rollout.tensor_parallel_size if cfg.rollout.rollout_backend == "sglang" else 1
     rollout = gpu_group("rollout", ROLLOUT_BACKENDS[cfg.rollout.rollout_backend], rollout_tp)
     reward = WorkerGroup("reward", REWARD_WORKER, (cfg,), num_workers=1)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # After a rank fails, how long to look for a dead peer that caused it.
@@ -106,6 +106,10 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def environment_variable(self, name: str) -> str | None:
+        """One variable of this rank's process environment (e.g. one WorkerGroup's `env` set)."""
+        return os.environ.get(name)
+
     def device_memory_used_gib(self) -> float | None:
         """Memory in use on this rank's GPU by ALL processes (an SGLang engine's too); None on CPU."""
         import torch
@@ -141,8 +145,10 @@ class WorkerGroup:
         placement_group: Any = None,
         bundle_indices: Sequence[int] = (),
         distributed: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """`distributed`: join the ranks in one torch.distributed process group before construction."""
+        """`distributed`: join the ranks in one torch.distributed process group before construction.
+        `env`: variables each rank's process starts with (for libraries that read them only then)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -152,6 +158,8 @@ class WorkerGroup:
         self.handles = []
         for rank in range(num_workers):
             options: dict[str, Any] = {"num_cpus": 0, "num_gpus": gpu_share, "max_concurrency": 1}
+            if env:  # merged with the job's own variables (PYTHONPATH)
+                options["runtime_env"] = {"env_vars": dict(env)}
             if placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=placement_group, placement_group_bundle_index=bundle_indices[rank]

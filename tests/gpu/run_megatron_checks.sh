@@ -29,6 +29,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# Exact fp32 GEMMs under Transformer Engine, as the runner starts an fp32 actor's processes
+# (rlinf.models.megatron.fp32_gemms); bf16 GEMMs are unaffected.
+export NVIDIA_TF32_OVERRIDE=0
 OUT=${OUT:-/tmp/megatron-checks}
 mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt

@@ -104,6 +104,8 @@ def test_three_grpo_steps_write_metrics_plot_and_checkpoint(random_tiny_checkpoi
 def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoint, tmp_path, ray_session):
     from dataclasses import replace
 
+    import ray
+
     from rlinf.algorithms import compute_advantages
     from rlinf.models.hf_checkpoint import load_tokenizer
     from rlinf.runners.data_setup import build_datasets
@@ -115,6 +117,11 @@ def test_rollout_holds_exactly_the_actor_weights_after_sync(random_tiny_checkpoi
     train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
     roles = launch_roles(cfg)
     try:
+        # an fp32 actor's processes start with exact fp32 GEMMs (rlinf.models.megatron.fp32_gemms)
+        assert cfg.actor.model.precision == "fp32"
+        override = [h.environment_variable.remote("NVIDIA_TF32_OVERRIDE") for h in roles.actor.handles]
+        assert ray.get(override) == ["0"] * len(roles.actor.handles)
+        assert ray.get(roles.rollout.handles[0].environment_variable.remote("NVIDIA_TF32_OVERRIDE")) is None
         params = SamplingParams.from_config(cfg.algorithm.sampling_params)
         batch = roles.rollout.call_rank0("generate", list(train)[:4], 4, params, 0)
         rewards = torch.arange(len(batch), dtype=torch.float32) % 3  # varied so advantages are non-zero

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+import ray
 
 from rlinf.scheduler.worker_group import WorkerDiedError, WorkerError, WorkerGroup
 
@@ -23,6 +24,27 @@ def test_ranks_share_one_gloo_group_with_the_torch_environment(two_ranks):
     assert {e["WORLD_SIZE"] for e in env} == {"2"} and {e["backend"] for e in env} == {"gloo"}
     assert [e["LOCAL_RANK"] for e in env] == ["0", "1"]  # one node
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in env}) == 1
+
+
+def test_a_groups_env_is_in_each_ranks_process_beside_the_jobs_own(ray_session):
+    group = WorkerGroup(
+        "actor",
+        f"{WORKERS}:CollectiveWorker",
+        (),
+        num_workers=2,
+        distributed=True,
+        env={"RLINF_TEST_VAR": "7"},
+    )
+    plain = WorkerGroup("rollout", f"{WORKERS}:CollectiveWorker", (), num_workers=1)
+    try:
+        assert group.call("all_reduce_rank_plus_one") == [3.0, 3.0]
+        assert ray.get([h.environment_variable.remote("RLINF_TEST_VAR") for h in group.handles]) == ["7", "7"]
+        # the job's PYTHONPATH (this checkout) is kept: the ranks imported the worker class through it
+        assert all(ray.get([h.environment_variable.remote("PYTHONPATH") for h in group.handles]))
+        assert ray.get(plain.handles[0].environment_variable.remote("RLINF_TEST_VAR")) is None
+    finally:
+        group.kill()
+        plain.kill()
 
 
 def test_a_backend_may_init_the_process_group_itself(ray_session):

@@ -52,3 +52,28 @@ def test_an_unknown_rlinf_megatron_te_value_is_refused(monkeypatch):
     monkeypatch.setenv(te_placeholder.SWITCH_ENV, "no")
     with pytest.raises(ValueError, match="RLINF_MEGATRON_TE='no': expected auto or off"):
         te_placeholder.te_switched_off()
+
+
+@pytest.mark.parametrize(
+    ("te_available", "override", "mode"),
+    [(True, None, "tf32"), (True, "1", "tf32"), (True, "0", "exact"), (False, None, "exact")],
+)
+def test_an_fp32_actor_records_whether_its_gemms_are_exact(
+    tmp_path, monkeypatch, caplog, te_available, override, mode
+):
+    from rlinf.models.megatron.fp32_gemms import OVERRIDE_ENV, exact_fp32_env
+
+    if override is None:
+        monkeypatch.delenv(OVERRIDE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(OVERRIDE_ENV, override)
+    settings = translate(
+        ActorConfig(training_backend="megatron", model=ModelConfig()), te_available=te_available
+    )
+    with caplog.at_level("WARNING"):
+        record = announce_spec(settings, te_available, str(tmp_path / "logs"), precision="fp32")
+    assert record["fp32_gemms"] == mode
+    assert (f"started without {OVERRIDE_ENV}=0" in caplog.text) is (mode == "tf32")
+    assert "fp32_gemms" not in announce_spec(settings, te_available, None, precision="bf16")
+    # what the runner starts an actor's processes with
+    assert exact_fp32_env("fp32") == {OVERRIDE_ENV: "0"} and exact_fp32_env("bf16") == {}

@@ -26,6 +26,7 @@ from typing import Any
 
 from rlinf.config.megatron_settings import MegatronSettings
 from rlinf.models.megatron import te_placeholder
+from rlinf.models.megatron.fp32_gemms import fp32_gemm_mode, tf32_warning
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,9 @@ def _unfuse_megatron_linears(models: list) -> list:
 SPEC_RECORD_FILE = "megatron_spec.json"
 
 
-def spec_record(settings: MegatronSettings, te_available: bool) -> dict[str, Any]:
-    """Which layer spec the actor builds, and the TE features it runs with."""
+def spec_record(settings: MegatronSettings, te_available: bool, precision: str = "bf16") -> dict[str, Any]:
+    """Which layer spec the actor builds, and the TE features it runs with (an fp32 actor: also
+    whether its fp32 GEMMs are exact, rlinf.models.megatron.fp32_gemms)."""
     p = settings.provider
     record: dict[str, Any] = {
         "spec": spec_name(te_available),
@@ -204,16 +206,22 @@ def spec_record(settings: MegatronSettings, te_available: bool) -> dict[str, Any
             record["transformer_engine"] = version("transformer-engine")
         except PackageNotFoundError:
             record["transformer_engine"] = "unknown"
+    if precision == "fp32":
+        record["fp32_gemms"] = fp32_gemm_mode(te_available)
     return record
 
 
-def announce_spec(settings: MegatronSettings, te_available: bool, log_dir: str | None) -> dict[str, Any]:
+def announce_spec(
+    settings: MegatronSettings, te_available: bool, log_dir: str | None, precision: str = "bf16"
+) -> dict[str, Any]:
     """Prints which spec this run uses (call once, on one rank) and writes it next to the run's
     resolved config (`log_dir`/megatron_spec.json) when the run has a logs folder."""
     import json
     from pathlib import Path
 
-    record = spec_record(settings, te_available)
+    record = spec_record(settings, te_available, precision)
+    if record.get("fp32_gemms") == "tf32":
+        logger.warning(tf32_warning())
     line = "megatron actor: layer spec " + ", ".join(f"{k}={v}" for k, v in record.items())
     print(line, flush=True)
     logger.info(line)

@@ -116,7 +116,12 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
         if dist.get_rank() == 0:
             from rlinf.models.megatron.bridge import announce_spec
 
-            self.spec = announce_spec(self.megatron_settings, self.te_available, cfg.runner.logger.log_path)
+            self.spec = announce_spec(
+                self.megatron_settings,
+                self.te_available,
+                cfg.runner.logger.log_path,
+                cfg.actor.model.precision,
+            )
         self._build_model(resolve_model_path(cfg.actor.model.model_path))
         self._install_routing_replay()
         self._build_optimizer()
