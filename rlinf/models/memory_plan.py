@@ -12,8 +12,8 @@ buckets (`rollout.weight_sync_bucket_mb`, or the largest tensor when it is large
 tests/unit/test_weight_export_streaming.py) and Megatron-Bridge's conversion of one tensor holds its
 gathered TP shards plus their concatenation (2 x the largest tensor). Estimated: activations of one
 micro-batch. Not counted: CUDA contexts, NCCL buffers, SGLang's CUDA graphs, allocator
-fragmentation, and what a released engine keeps (28 GiB measured at 12 layers on the H200;
-docs/benchmarks.md).
+fragmentation (7.3 GiB reserved but free in the actor at 12 layers after an offload cycle), and
+what a released engine keeps (1.8-3.9 GiB measured on the H200; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_a_released_slice_engine_gives_its_memory_back(moonlight_slice, sglang_i
     """After a large batch (prefill of 64k tokens: activations and MoE workspaces in the scheduler's
     allocator cache), release() leaves the engine holding little more than its CUDA context: the
     memory saver's regions go with the pause, the cached blocks with rlinf's release hook
-    (sglang_hooks.empty_cache_after_release; without it a 12-layer engine kept 28 GiB)."""
+    (sglang_hooks.empty_cache_after_release)."""
     from rlinf.workers.rollout.sglang_engine import SGLangEngine
 
     free_before = free_gib()
