@@ -14,16 +14,14 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
-from rlinf.models.megatron.adam_state import adam_step_count, ensure_adam_states, set_adam_steps
-from rlinf.utils.checkpoint import CheckpointError
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
+from rlinf.workers.actor.megatron_state import MegatronActorState
 from rlinf.workers.actor.policy_update import (
     DPInfo,
     LossFn,
@@ -37,10 +35,6 @@ from rlinf.workers.actor.policy_update import (
 
 logger = logging.getLogger(__name__)
 
-DIST_CKPT_DIR = "megatron"
-RNG_FILE = "rng_rank{rank}.pt"
-LOOP_STATE_FILE = "actor_loop_state.pt"
-
 
 def _set_default_dist_env(rank: int, world_size: int) -> None:
     """Direct construction (tests, benchmarks): one process, rendezvous on localhost."""
@@ -49,15 +43,6 @@ def _set_default_dist_env(rank: int, world_size: int) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
-
-
-def _without_psutil_memory_log() -> None:
-    """megatron-core's checkpoint writer measures its RSS with psutil only to log it, and raises when
-    psutil is missing (the GPU image has none outside Ray). Without psutil the measurement reads 0."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if not filesystem_async.HAVE_PSUTIL:
-        filesystem_async._process_memory = lambda: 0
 
 
 @contextmanager
@@ -74,7 +59,7 @@ def loss_scale_frozen(optimizer):
             del scaler.update
 
 
-class MegatronActor(ActorWorker, PolicyUpdateBackend):
+class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
     INITS_PROCESS_GROUP = True
 
     def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1, device: str = "cuda") -> None:
@@ -494,185 +479,3 @@ class MegatronActor(ActorWorker, PolicyUpdateBackend):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor for bucket in self.export_weights(2**62) for name, tensor in bucket}
-
-    # --- memory ------------------------------------------------------------------------------------
-
-    def _buffers(self):
-        for chunk in self.model:
-            yield from chunk.buffers
-            yield from chunk.expert_parallel_buffers
-
-    def offload(self) -> dict[str, float]:
-        """Param and grad buffers and optimizer state to CPU; returns the GPU memory freed (GiB)."""
-        if self.offloaded:
-            return {"actor/offload_freed_gib": 0.0}
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        from rlinf.models.megatron.optimizer_offload import offload_optimizer_state
-
-        for buffer in self._buffers():
-            buffer.offload_to_cpu(move_params=True, move_grads=True)
-        offload_optimizer_state(self.optimizer)  # not megatron's: see optimizer_offload.py
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        self.offloaded = True
-        freed = (before - torch.cuda.memory_allocated()) / 2**30
-        logger.info("megatron actor offload: %.2f GiB freed", freed)
-        return {"actor/offload_freed_gib": freed}
-
-    def onload(self) -> None:
-        if not self.offloaded:
-            return
-        from rlinf.models.megatron.optimizer_offload import restore_optimizer_state
-
-        for buffer in self._buffers():
-            buffer.reload_from_cpu(move_params=True, move_grads=True)
-        restore_optimizer_state(self.optimizer)
-        torch.cuda.synchronize()
-        self.offloaded = False
-
-    # --- checkpoints -------------------------------------------------------------------------------
-
-    def _sharded_state(self, is_loading: bool) -> dict:
-        from megatron.core import parallel_state
-
-        # Megatron-LM's torch_dist defaults: the distributed optimizer's state as one ShardedTensor per
-        # contiguous buffer ("dp_reshardable": fully parallel, no gathers). The older default,
-        # "fully_sharded_model_space", fails in 0.19.2 ("ShardedTensor.flattened_range is not supported").
-        metadata = {
-            "distrib_optim_sharding_type": "dp_reshardable",
-            "singleton_local_shards": False,
-            "chained_optim_avoid_prefix": True,
-            "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True),
-        }
-        model_state = self.model[0].module.sharded_state_dict(metadata=metadata)
-        optimizer_state = self.optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=metadata
-        )
-        return {"model": model_state, "optimizer": optimizer_state}
-
-    @contextmanager
-    def _resident(self):
-        """Weights and optimizer state on the GPU for the duration (an offloaded actor's buffers have
-        no storage, and megatron fails to read or write a checkpoint into them); offloaded again
-        afterwards."""
-        was_offloaded = self.offloaded
-        self.onload()
-        try:
-            yield
-        finally:
-            if was_offloaded:
-                self.offload()
-
-    def save(self, directory: str) -> None:
-        with self._resident():
-            self._save(directory)
-
-    def load(self, directory: str) -> None:
-        with self._resident():
-            self._load(directory)
-
-    def _adam_moments(self) -> list[str]:
-        """The dtypes (exp_avg, exp_avg_sq) this actor's optimizer keeps its Adam moments in."""
-        o = self.cfg.actor.optim
-        return [o.exp_avg_dtype, o.exp_avg_sq_dtype] if o.use_precision_aware_optimizer else ["fp32", "fp32"]
-
-    def _check_same_layout(self, path: Path, loop: dict) -> None:
-        """What a checkpoint's optimizer state must share with this actor to load into it.
-
-        - The experts: the distributed optimizer's state is saved as flat buffers in parameter
-          order, which differs between SequentialMLP and the grouped-GEMM experts, so loading across
-          a change of `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights,
-          silently.
-        - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
-          with an empty message).
-        - The layer spec: TE's and the TE-free one name and shape parameters differently."""
-        from rlinf.models.megatron.bridge import TE_FREE_SPEC, spec_name
-
-        written_spec = loop.get("spec", TE_FREE_SPEC)  # older checkpoints: only the TE-free spec ran
-        if written_spec != spec_name(self.te_available):
-            raise CheckpointError(
-                f"{path}: written with the {written_spec} layer spec, this run builds the "
-                f"{spec_name(self.te_available)} one; resume where the same spec runs (with Transformer Engine "
-                "installed, RLINF_MEGATRON_TE=off selects the TE-free spec)"
-            )
-        written = loop.get("grouped_experts", False)
-        if written != self.megatron_settings.grouped_experts:
-            raise CheckpointError(
-                f"{path}: written with the grouped-GEMM experts {'on' if written else 'off'} "
-                "(actor.model.moe_grouped_gemm without Transformer Engine); resume with the same setting"
-            )
-        moments = list(loop.get("adam_moments", ["fp32", "fp32"]))
-        if moments != self._adam_moments():
-            raise CheckpointError(
-                f"{path}: written with Adam moments in {'/'.join(moments)} (actor.optim.exp_avg_dtype / "
-                f"exp_avg_sq_dtype with use_precision_aware_optimizer), this run keeps them in "
-                f"{'/'.join(self._adam_moments())}; resume with the same setting"
-            )
-
-    def _save(self, directory: str) -> None:
-        """Collective: every rank writes its shards (weights, distributed optimizer) and its RNG."""
-        import torch.distributed as dist
-        from megatron.core import dist_checkpointing, tensor_parallel
-
-        from rlinf.models.megatron.bridge import spec_name
-
-        path = Path(directory)
-        ckpt = path / DIST_CKPT_DIR
-        if dist.get_rank() == 0:
-            ckpt.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        _without_psutil_memory_log()
-        if not self.te_available:  # rlinf.models.megatron.adam_state: megatron trips over `step`
-            ensure_adam_states(self.optimizer)
-        dist_checkpointing.save(self._sharded_state(is_loading=False), str(ckpt))
-        rng = {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(),
-            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-        }
-        torch.save(rng, path / RNG_FILE.format(rank=dist.get_rank()))
-        if dist.get_rank() == 0:
-            loop = {
-                "optimizer_steps": self.optimizer_steps,
-                "skips": (self.skips.consecutive, self.skips.total),
-                "spec": spec_name(self.te_available),
-                "grouped_experts": self.megatron_settings.grouped_experts,
-                "adam_moments": self._adam_moments(),
-                "adam_steps": adam_step_count(self.optimizer),
-            }
-            torch.save(loop, path / LOOP_STATE_FILE)
-        dist.barrier()
-
-    def _load(self, directory: str) -> None:
-        import torch.distributed as dist
-        from megatron.core import dist_checkpointing, tensor_parallel
-
-        path = Path(directory)
-        ckpt = path / DIST_CKPT_DIR
-        for needed in (ckpt, path / LOOP_STATE_FILE, path / RNG_FILE.format(rank=dist.get_rank())):
-            if not needed.exists():
-                raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
-        try:
-            loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
-            self._check_same_layout(path, loop)
-            if not self.te_available:
-                ensure_adam_states(self.optimizer)
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
-            # The optimizer copies into main params that require grad (fp32: the model's own).
-            with torch.no_grad():
-                self.model[0].module.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
-            rng = torch.load(path / RNG_FILE.format(rank=dist.get_rank()), weights_only=False)
-        except CheckpointError:
-            raise
-        except Exception as err:
-            reason = str(err) or type(err).__name__  # megatron's loader raises some errors without a message
-            raise CheckpointError(f"{ckpt}: corrupt or incompatible megatron checkpoint: {reason}") from None
-        torch.set_rng_state(rng["torch"])
-        torch.cuda.set_rng_state(rng["cuda"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
-        self.optimizer_steps = loop["optimizer_steps"]
-        if not self.te_available:
-            set_adam_steps(self.optimizer, loop.get("adam_steps", self.optimizer_steps))
-        self.skips = SkipCounter(*loop["skips"])
