@@ -246,8 +246,11 @@ def build_checkpoint(path: Path, layers: int = 4) -> Path:
         return path
     from rlinf.models.slice import moonlight_slice_config
 
-    build = [sys.executable, "-m", "rlinf.models.slice", "--out", str(path), "--layers", str(layers)]
-    subprocess.run([*build, "--dtype", "bf16", "--device", "cuda"], cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "rlinf.models.slice", "--out", str(path), "--layers", str(layers),
+         "--dtype", "bf16", "--device", "cuda"],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
     fields = moonlight_slice_config(layers)
     word_level_tokenizer(path, fields["vocab_size"], fields["eos_token_id"])
     return path

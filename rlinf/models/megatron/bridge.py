@@ -26,7 +26,7 @@ from typing import Any
 
 from rlinf.config.megatron_settings import MegatronSettings
 from rlinf.models.megatron import te_placeholder
-from rlinf.models.megatron.fp32_gemms import fp32_gemm_mode, tf32_warning
+from rlinf.models.megatron.fp32_gemms import TF32_WARNING, fp32_gemm_mode
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def announce_spec(
 
     record = spec_record(settings, te_available, precision)
     if record.get("fp32_gemms") == "tf32":
-        logger.warning(tf32_warning())
+        logger.warning(TF32_WARNING)
     line = "megatron actor: layer spec " + ", ".join(f"{k}={v}" for k, v in record.items())
     print(line, flush=True)
     logger.info(line)

@@ -14,6 +14,11 @@ from __future__ import annotations
 import os
 
 OVERRIDE_ENV = "NVIDIA_TF32_OVERRIDE"
+TF32_WARNING = (
+    "actor.model.precision fp32 with Transformer Engine: this process was started without "
+    f"{OVERRIDE_ENV}=0, so TE's fp32 GEMMs run on TF32 tensor cores (about 1e-3 relative error); "
+    "the runner sets it for its actor workers, start a process that builds the actor itself with it"
+)
 
 
 def exact_fp32_env(precision: str) -> dict[str, str]:
@@ -26,11 +31,3 @@ def fp32_gemm_mode(te_available: bool) -> str:
     if te_available and os.environ.get(OVERRIDE_ENV) != "0":
         return "tf32"
     return "exact"
-
-
-def tf32_warning() -> str:
-    return (
-        "actor.model.precision fp32 with Transformer Engine: this process was started without "
-        f"{OVERRIDE_ENV}=0, so TE's fp32 GEMMs run on TF32 tensor cores (about 1e-3 relative error); "
-        "the runner sets it for its actor workers, start a process that builds the actor itself with it"
-    )
