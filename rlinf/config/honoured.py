@@ -166,6 +166,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "data.max_prompt_length": (ANY.reads(DATA_SETUP),),
     "data.rollout_batch_size": (ANY.reads(RUNNER),),
     "data.oversample_prompts": (ANY.reads(RUNNER),),
+    "data.partial_rollout": (ANY.reads(RUNNER),),
     "data.val_batch_size": (ANY.reads(RUNNER),),
     "data.shuffle": (ANY.reads(RUNNER),),
     "data.skip_invalid": (MATH_DATA.reads(DATA_SETUP),),

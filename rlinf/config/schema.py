@@ -109,7 +109,8 @@ class DataConfig:
     apply_chat_template: bool = False  # doc: render prompts with the tokenizer's chat template
     max_prompt_length: int = 1024  # doc: longer prompts are dropped (counted, with a warning)
     rollout_batch_size: int = 8  # doc: prompts per GRPO step (responses = this x group_size)
-    oversample_prompts: int = 0  # doc: extra prompts drawn per step; the rollout ends once rollout_batch_size of the step's groups have every response finished, and drops the rest (cuts the step's long-response tail; favours prompts whose responses end sooner; docs/rollout.md)
+    oversample_prompts: int = 0  # doc: extra prompts drawn per step; the rollout ends once rollout_batch_size of the step's groups have every response finished, and drops the rest or carries them (partial_rollout) (cuts the step's long-response tail; favours prompts whose responses end sooner; docs/rollout.md)
+    partial_rollout: bool = False  # doc: with oversample_prompts > 0, carry the groups not complete at the quota into the next step (their unfinished responses continue there) instead of dropping them; carried responses mix tokens from several policy versions (docs/rollout.md)
     val_batch_size: int | None = None  # doc: prompts per validation generate call; null = all at once
     shuffle: bool = True  # doc: reshuffle the training set each epoch (seeded)
     skip_invalid: bool = False  # doc: skip and count bad records instead of failing

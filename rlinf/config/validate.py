@@ -222,6 +222,25 @@ def check_sglang_parallelism(cfg: Config) -> None:
         )
 
 
+def check_partial_rollout(cfg: Config) -> None:
+    """Groups are carried only when the quota ends a step early, and a carried response's routing
+    is not recorded across steps (the continuation's prompt would hold unrecorded tokens)."""
+    d = cfg.data
+    if not d.partial_rollout:
+        return
+    if d.oversample_prompts == 0:
+        raise ConfigError(
+            "data.partial_rollout: true needs data.oversample_prompts > 0 (without extra prompts the "
+            "rollout never ends early, so there is nothing to carry)"
+        )
+    if cfg.algorithm.routing_replay.mode != "none":
+        raise ConfigError(
+            f"data.partial_rollout: true cannot run with algorithm.routing_replay.mode: "
+            f"{cfg.algorithm.routing_replay.mode} (a carried response's routing is not recorded across "
+            "steps); turn one of them off"
+        )
+
+
 def check_data(cfg: Config) -> None:
     d = cfg.data
     if d.type == "math" and not d.train_data_paths:
@@ -269,6 +288,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_names,
     check_algorithm,
     check_routing_replay,
+    check_partial_rollout,
     check_lr_schedule,
     check_sequence_lengths,
     check_placement,

@@ -16,8 +16,9 @@ T = TypeVar("T")
 
 
 def prompts_per_step(data: Any) -> int:
-    """Prompts a training step draws (a DataConfig): the batch, plus the over-sampled ones that the
-    rollout drops once the batch's groups are complete (data.oversample_prompts)."""
+    """Prompts a training step has in flight (a DataConfig): the batch, plus the over-sampled ones
+    that the rollout drops (or carries, data.partial_rollout) once the batch's groups are complete
+    (data.oversample_prompts)."""
     return int(data.rollout_batch_size + data.oversample_prompts)
 
 
@@ -66,9 +67,14 @@ class PromptLoader(Generic[T]):
         full, remainder = divmod(len(self._dataset), self._batch_size)
         return full + int(remainder > 0 and not self._drop_last)
 
-    def next_batch(self) -> list[T]:
+    def next_batch(self, size: int | None = None) -> list[T]:
+        """The next `size` items (default: batch_size; at most batch_size: a partial rollout draws
+        fewer when groups are carried over). An epoch ends once fewer than batch_size items are left."""
+        size = self._batch_size if size is None else size
+        if not 0 <= size <= self._batch_size:
+            raise ValueError(f"size must be in [0, batch_size={self._batch_size}], got {size}")
         order = self._epoch_order()
-        positions = order[self._index : self._index + self._batch_size]
+        positions = order[self._index : self._index + size]
         self._index += len(positions)
         self._roll_over_if_epoch_done()
         return [self._dataset[int(i)] for i in positions]

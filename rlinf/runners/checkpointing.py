@@ -1,10 +1,11 @@
-"""Run checkpoints: actor state + data position + step + resolved config, saved atomically; resume."""
+"""Run checkpoints: actor state + data position + step + resolved config (+ the groups a partial
+rollout carries into the next step), saved atomically; resume."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from rlinf.scheduler.roles import Roles
 from rlinf.utils.checkpoint import CheckpointError, CheckpointManager, check_complete, check_weight_files
 from rlinf.utils.metrics import MetricLogger
 from rlinf.weight_sync import sync_weights
+from rlinf.workers.rollout.partial import GroupInFlight, groups_from_json, groups_to_json
 
 logger = logging.getLogger(__name__)
 
 RUNNER_STATE_FILE = "runner_state.json"
+CARRIED_GROUPS_FILE = "carried_groups.json"  # data.partial_rollout: the groups the step left unfinished
 ACTOR_DIR = "actor"
 # Fields that must match for a checkpoint to continue the same run (dotted keys).
 RESUME_INVARIANTS = (
@@ -30,6 +33,7 @@ RESUME_INVARIANTS = (
     "data.type",
     "data.rollout_batch_size",
     "data.oversample_prompts",
+    "data.partial_rollout",
     "data.shuffle",
     "algorithm.group_size",
     "actor.training_backend",
@@ -55,6 +59,7 @@ class ResumePoint:
     path: Path
     step: int  # the run continues after this step
     data_state: dict
+    carried: tuple[GroupInFlight, ...] = ()  # data.partial_rollout: the groups for the next step
 
 
 def find_resume_point(cfg: Config, loader: PromptLoader) -> ResumePoint | None:
@@ -77,7 +82,15 @@ def find_resume_point(cfg: Config, loader: PromptLoader) -> ResumePoint | None:
     except ValueError as err:
         raise CheckpointError(f"{state_file}: {err}") from None
     check_weight_files(path / ACTOR_DIR)
-    return ResumePoint(path, step, data_state)
+    carried = _read_carried(path / CARRIED_GROUPS_FILE) if cfg.data.partial_rollout else ()
+    return ResumePoint(path, step, data_state, carried)
+
+
+def _read_carried(path: Path) -> tuple[GroupInFlight, ...]:
+    try:
+        return tuple(groups_from_json(json.loads(path.read_text())))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path}: unreadable carried groups (data.partial_rollout): {err}") from None
 
 
 def _resume_path(cfg: Config) -> Path | None:
@@ -202,8 +215,9 @@ class RunCheckpointer:
         self.last_saved: Path | None = None  # this run's last complete save (or the one it resumed from)
         self.last_saved_step: int | None = None
 
-    def save(self, step: int) -> Path:
-        """One save per step: a step already saved by this run returns that checkpoint unchanged."""
+    def save(self, step: int, carried: Sequence[GroupInFlight] = ()) -> Path:
+        """One save per step: a step already saved by this run returns that checkpoint unchanged.
+        `carried`: the groups a partial rollout carries into step + 1."""
         if self.last_saved is not None and self.last_saved_step == step:
             return self.last_saved
 
@@ -211,6 +225,8 @@ class RunCheckpointer:
             self.roles.actor.save(str(tmp / ACTOR_DIR))  # collective: every rank writes its shard
             state = {"step": step, "data": self.loader.state_dict()}
             (tmp / RUNNER_STATE_FILE).write_text(json.dumps(state, indent=1))
+            if self.cfg.data.partial_rollout:
+                (tmp / CARRIED_GROUPS_FILE).write_text(json.dumps(groups_to_json(carried)))
             save_resolved_config(self.cfg, tmp)
 
         self.last_saved = self.manager.save(step, write)
@@ -218,13 +234,16 @@ class RunCheckpointer:
         logger.info("saved checkpoint %s", self.last_saved)
         return self.last_saved
 
-    def maybe_resume(self, in_memory_order: Callable[[Callable[[], object]], None]) -> int:
-        """Restore the run from runner.resume_dir; returns the step it continues after (0 = fresh).
+    def maybe_resume(
+        self, in_memory_order: Callable[[Callable[[], object]], None]
+    ) -> tuple[int, list[GroupInFlight]]:
+        """Restore the run from runner.resume_dir; returns the step it continues after (0 = fresh)
+        and the groups a partial rollout carried out of that step.
         `in_memory_order(sync)` runs the weight sync in the colocated memory order (the runner's
         ColocatedMemory.sync_after_load)."""
         point = find_resume_point(self.cfg, self.loader)  # also restores the loader's position
         if point is None:
-            return 0
+            return 0, []
         self.roles.actor.load(str(point.path / ACTOR_DIR))  # collective: every rank restores
         in_memory_order(lambda: sync_weights(self.roles, self.cfg.rollout.weight_sync_bucket_mb))
         self.metrics.truncate_after(point.step)
@@ -235,4 +254,4 @@ class RunCheckpointer:
             f"(data epoch {d['epoch']}, index {d['index']}); continuing with step {point.step + 1}",
             flush=True,
         )
-        return point.step
+        return point.step, list(point.carried)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
+from rlinf.data.batch import RolloutBatch
 from rlinf.data.prompt_loader import PromptLoader, prompts_per_step
 from rlinf.runners.checkpointing import RunCheckpointer
 from rlinf.runners.colocation import ColocatedMemory
@@ -17,6 +18,7 @@ from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
 from rlinf.utils.signals import StopRequest
 from rlinf.weight_sync import sync_weights
+from rlinf.workers.rollout.partial import GroupInFlight
 from rlinf.workers.rollout.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ class GRPORunner:
         self.loader = PromptLoader(
             train_set, prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
         )
+        self.carried: list[GroupInFlight] = []  # data.partial_rollout: groups the last step left unfinished
         self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
         self.timer = PhaseTimer()
         self.memory = ColocatedMemory(roles, offload_actor=cfg.actor.offload_between_phases, timer=self.timer)
@@ -47,7 +50,7 @@ class GRPORunner:
     def run(self) -> Path | None:
         """Train to the end (or a stop signal); returns the last checkpoint's path."""
         r = self.cfg.runner
-        self.step = self.checkpointer.maybe_resume(self.memory.sync_after_load)
+        self.step, self.carried = self.checkpointer.maybe_resume(self.memory.sync_after_load)
         self.memory.start()
         if self.step == 0 and r.val_check_interval > 0:
             self.metrics.log(self.validate(), step=0)
@@ -75,17 +78,13 @@ class GRPORunner:
 
     def save(self) -> Path:
         with self.memory.around_checkpoint():
-            return self.checkpointer.save(self.step)
+            return self.checkpointer.save(self.step, self.carried)
 
     def train_step(self) -> dict[str, float]:
         a, roles = self.cfg.algorithm, self.roles
         step_start = time.perf_counter()
-        prompts = self.loader.next_batch()
         with self.timer.phase("rollout"):
-            keep = self.cfg.data.rollout_batch_size if self.cfg.data.oversample_prompts else None
-            batch = roles.rollout.generate(
-                prompts, a.group_size, self.sampling, self._seed("rollout"), keep_groups=keep
-            )
+            batch, carry_metrics = self.rollout()
         with self.timer.phase("reward"):
             batch = roles.reward.score(batch)
         advantages = compute_advantages(
@@ -103,6 +102,7 @@ class GRPORunner:
         self.memory.sync_and_resume(lambda: sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb))
         metrics = {
             **rollout_metrics(batch),
+            **carry_metrics,
             **advantages.metrics,
             **actor_metrics,
             **self.memory.pop_metrics(),
@@ -115,6 +115,24 @@ class GRPORunner:
         metrics["time/step"] = time.perf_counter() - step_start
         metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]
         return metrics
+
+    def rollout(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's batch (and, with data.partial_rollout, the carry metrics). With
+        oversample_prompts the rollout ends once rollout_batch_size groups are complete; the other
+        groups are dropped, or carried: next step they are generated on again, with fewer fresh
+        prompts drawn, so that the same number of groups is in flight every step."""
+        d, n, seed = self.cfg.data, self.cfg.algorithm.group_size, self._seed("rollout")
+        if not d.partial_rollout:
+            keep = d.rollout_batch_size if d.oversample_prompts else None
+            batch = self.roles.rollout.generate(
+                self.loader.next_batch(), n, self.sampling, seed, keep_groups=keep
+            )
+            return batch, {}
+        fresh = self.loader.next_batch(prompts_per_step(d) - len(self.carried))
+        groups = self.carried + [GroupInFlight.fresh(item, n) for item in fresh]
+        result = self.roles.rollout.generate_partial(groups, self.sampling, seed, d.rollout_batch_size)
+        self.carried = result.carried
+        return result.batch, result.metrics()
 
     def validate(self) -> dict[str, float]:
         """Greedy pass@1 on the validation split; with val_n > 1 also sampled mean@k and pass@k."""

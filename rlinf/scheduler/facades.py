@@ -8,7 +8,9 @@
   `save`/`load`/`offload`/`onload` are collective (every rank is called).
 - `RolloutGroup`: one rank per engine. `generate` gives engine i the i-th contiguous share of the
   prompts (whole GRPO groups) and concatenates the results, renumbering group ids so that engines
-  never collide. `sleep()` / `wake(tags)` reach every engine.
+  never collide. `generate_partial` deals the step's groups out in turn (carried groups, listed
+  first, spread over the engines) with the same quota shares. `sleep()` / `wake(tags)` reach every
+  engine.
 - `RewardGroup`: `score` sends the response texts and reference answers to the one reward worker
   (its grading pool has `reward.num_workers` processes) and fills the batch with what comes back.
 
@@ -28,6 +30,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.metrics_merge import merge_metrics
 from rlinf.scheduler.worker_group import WorkerGroup
 from rlinf.workers.actor.base import LogprobRows, with_logprobs
+from rlinf.workers.rollout.partial import GroupInFlight, PartialRollout
 
 SEED_STRIDE = 0x9E3779B97F4A7C15  # engine i samples with seed + i * stride: streams never coincide
 
@@ -184,6 +187,23 @@ class RolloutGroup(GroupFacade):
             for engine, (share, keep) in enumerate(zip(shares, keeps, strict=True))
         ]
         return RolloutBatch.concat([r for r in self.group.call_each("generate", args) if r is not None])
+
+    def generate_partial(
+        self, groups: Sequence[GroupInFlight], params: Any, seed: int, keep_groups: int
+    ) -> PartialRollout:
+        """data.partial_rollout: engine i gets groups i, i + engines, ... (the carried groups, which
+        hold the long responses, come first and so are spread) and its quota share of
+        `keep_groups`; an engine with no group to keep leaves its groups untouched, carried."""
+        engines = len(self.group)
+        shares = [list(groups[engine::engines]) for engine in range(engines)]
+        keeps = quota_shares([len(share) for share in shares], keep_groups)
+        args = [
+            (share, params, engine_seed(seed, engine), keep) if share and keep else None
+            for engine, (share, keep) in enumerate(zip(shares, keeps, strict=True))
+        ]
+        results = self.group.call_each("generate_partial", args)
+        idle = [group for share, keep in zip(shares, keeps, strict=True) if not keep for group in share]
+        return PartialRollout.concat([r for r in results if r is not None], idle)
 
     def sleep(self, tags: Sequence[str] | None = None) -> None:
         self.group.call("sleep", list(tags) if tags else None)

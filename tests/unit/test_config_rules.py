@@ -157,6 +157,18 @@ CASES = [
         ["algorithm.routing_replay.mode=measure", "algorithm.recompute_logprobs=false"],
         "algorithm.routing_replay.mode: measure measures routing agreement in the actor's logprob recompute",
     ),
+    (
+        "check_partial_rollout",
+        TINY,
+        ["data.partial_rollout=true"],
+        "data.partial_rollout: true needs data.oversample_prompts > 0",
+    ),
+    (
+        "check_partial_rollout",
+        TINY,
+        ["data.partial_rollout=true", "data.oversample_prompts=2", "algorithm.routing_replay.mode=replay"],
+        "data.partial_rollout: true cannot run with algorithm.routing_replay.mode: replay",
+    ),
     ("check_data", TINY, ["data.type=math"], "data.train_data_paths: empty"),
     ("check_data", TINY, FILES, "data.val_data_paths: empty but runner.val_check_interval > 0"),
     ("check_data", TINY, ["actor.model.model_path=''"], "actor.model.model_path: empty"),

@@ -11,6 +11,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import OBJECT_STORE
 from rlinf.workers.rollout.group_quota import GroupQuota
+from rlinf.workers.rollout.partial import GroupInFlight, PartialRollout
 from rlinf.workers.rollout.sampling import SamplingParams
 
 WeightBucket = list[tuple[str, torch.Tensor]]
@@ -29,6 +30,14 @@ class RolloutWorker(ABC):
         """n responses per prompt; rows of one prompt share a group index. `keep_groups`: end as
         soon as that many prompts have all n responses finished, and return only those groups
         (group_quota.py); None: every prompt's."""
+
+    @abstractmethod
+    def generate_partial(
+        self, groups: Sequence[GroupInFlight], params: SamplingParams, seed: int, keep_groups: int
+    ) -> PartialRollout:
+        """data.partial_rollout: generate on every unfinished response of `groups` (continuing the
+        carried ones) until `keep_groups` groups are complete; those become the batch, the others
+        are returned to carry (partial.py)."""
 
     @abstractmethod
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:

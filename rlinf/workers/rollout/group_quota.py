@@ -1,9 +1,10 @@
 """Ending a rollout once enough GRPO groups are complete (`data.oversample_prompts`, docs/rollout.md).
 
 A step draws more prompts than it trains on; generation ends as soon as `keep` groups have every
-response finished, and the rest are aborted and dropped. The batch's long tail (the few responses
-that run to the length limit while the GPU idles on a shrinking batch) is cut; the price is a bias
-towards groups whose responses end sooner.
+response finished, and the rest are aborted: dropped, or with `data.partial_rollout` carried into
+the next step (partial.py). The batch's long tail (the few responses that run to the length limit
+while the GPU idles on a shrinking batch) is cut; the price of dropping is a bias towards groups
+whose responses end sooner.
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ class GroupQuota:
 
     Rows are responses, `groups[row]` their group. Groups complete in the order `finish` reports
     them (rows of one call in the order given), which `kept` keeps for the tie at the quota.
+    `complete`: groups with no row left to run (partial rollout: carried groups whose responses all
+    finished earlier); they count as complete before any row finishes, in the order given.
     """
 
-    def __init__(self, groups: Sequence[int], keep: int) -> None:
-        if not 1 <= keep <= len(set(groups)):
-            raise ValueError(f"keep must be in [1, {len(set(groups))} groups], got {keep}")
+    def __init__(self, groups: Sequence[int], keep: int, complete: Sequence[int] = ()) -> None:
+        if set(groups) & set(complete):
+            raise ValueError(f"groups {sorted(set(groups) & set(complete))} have rows but are complete")
+        num_groups = len(set(groups) | set(complete))
+        if not 1 <= keep <= num_groups:
+            raise ValueError(f"keep must be in [1, {num_groups} groups], got {keep}")
         self.groups = list(groups)
         self.keep = keep
         self._unfinished = Counter(self.groups)
         self._finished: set[int] = set()
-        self._complete: list[int] = []  # groups in the order they completed
+        self._complete: list[int] = list(complete)  # groups in the order they completed
 
     def finish(self, rows: Sequence[int]) -> None:
         for row in rows:
@@ -44,11 +50,15 @@ class GroupQuota:
     def met(self) -> bool:
         return len(self._complete) >= self.keep
 
-    def kept_rows(self) -> list[int]:
-        """Rows of the first `keep` groups to complete, in row order."""
+    def kept_groups(self) -> list[int]:
+        """The first `keep` groups to complete, in ascending order."""
         if not self.met:
             raise RuntimeError(f"only {len(self._complete)} of {self.keep} groups are complete")
-        kept = set(self._complete[: self.keep])
+        return sorted(self._complete[: self.keep])
+
+    def kept_rows(self) -> list[int]:
+        """Rows of the first `keep` groups to complete, in row order."""
+        kept = set(self.kept_groups())
         return [row for row, group in enumerate(self.groups) if group in kept]
 
 
@@ -56,8 +66,9 @@ async def run_until_quota(
     submit: Callable[[int], Awaitable[Any]], quota: GroupQuota, abort: Callable[[int], None]
 ) -> list[Any]:
     """One request per row (`submit(row)`), all in flight together; once the quota is met the
-    unfinished ones are aborted (`abort(row)`) and awaited. Returns each row's result, None for the
-    rows that did not finish before the quota."""
+    unfinished ones are aborted (`abort(row)`) and awaited. Returns each row's result: for an
+    aborted row what its request returned after the abort (the output so far, with a partial
+    rollout's use for it), None where the aborted request raised."""
     rows = range(len(quota.groups))
     results: list[Any] = [None] * len(quota.groups)
 
@@ -76,8 +87,9 @@ async def run_until_quota(
     finally:
         for row in pending.values():
             abort(row)
-        if pending:  # aborted requests end on their own; their results (or errors) are dropped
+        if pending:  # aborted requests end on their own; an error after the abort is not a failure
             await asyncio.gather(*pending, return_exceptions=True)
-    for row in pending.values():
-        results[row] = None
+    for task, row in pending.items():
+        if task.cancelled() or task.exception() is not None:
+            results[row] = None
     return results

@@ -114,14 +114,20 @@ def choose_next_tokens(
     *,
     generator: torch.Generator | None = None,
     blocked_ids: torch.Tensor | None = None,
+    blocked_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step for a batch of rows: (tokens [N], reported logprobs [N]) from logits [N, V].
 
-    `blocked_ids` (EOS before min_new_tokens) can never be chosen but keep their reported mass.
+    `blocked_ids` (EOS before min_new_tokens) can never be chosen but keep their reported mass;
+    `blocked_rows` (bool [N]): only on those rows (None: on every row).
     """
     scaled = scale_logits(logits, params.logprob_temperature)
     all_logprobs = scaled.log_softmax(-1)
-    candidates = scaled if blocked_ids is None else scaled.index_fill(-1, blocked_ids, -math.inf)
+    candidates = scaled
+    if blocked_ids is not None:
+        candidates = scaled.index_fill(-1, blocked_ids, -math.inf)
+        if blocked_rows is not None:
+            candidates = torch.where(blocked_rows.unsqueeze(-1), candidates, scaled)
     if params.is_greedy:
         tokens = candidates.argmax(-1)
     else:
@@ -141,11 +147,16 @@ def sample(
     max_batch_size: int = 256,
     recorder: ExpertRecorder | None = None,
     quota: GroupQuota | None = None,
+    generated: Sequence[int] | None = None,
 ) -> GenerationOutput:
     """Sample one response per prompt, `max_batch_size` prompts decoded together.
 
     `quota` (rows = prompts): decoding ends as soon as it is met; rows still running then, and the
     rows of chunks not yet started (no response tokens), finish as "abort".
+
+    `generated` (partial rollout): tokens each row's response already has; its prompt ends with
+    them, it gets max_new_tokens minus that many more, and EOS stays masked until the whole
+    response reaches min_new_tokens.
 
     `recorder` (installed on `model`): also return the experts every fed token was routed to.
 
@@ -160,6 +171,11 @@ def sample(
         raise ValueError("sample() needs at least one prompt and every prompt needs at least one token")
     if not eos_token_ids:
         raise ValueError("eos_token_ids must not be empty")
+    generated = [0] * len(prompts) if generated is None else list(generated)
+    if len(generated) != len(prompts) or not all(0 <= g < params.max_new_tokens for g in generated):
+        raise ValueError(
+            f"generated must give each of the {len(prompts)} rows a count in [0, {params.max_new_tokens})"
+        )
     device = next(model.parameters()).device
     if generator is not None and generator.device.type != device.type:
         raise ValueError(f"generator is on {generator.device} but the model is on {device}")
@@ -181,6 +197,7 @@ def sample(
                     recorder,
                     quota,
                     start,
+                    generated[start : start + max_batch_size],
                 )
                 for start in range(0, len(prompts), max_batch_size)
             ]
@@ -221,6 +238,7 @@ def _sample_chunk(
     recorder: ExpertRecorder | None = None,
     quota: GroupQuota | None = None,
     first_row: int = 0,
+    generated: Sequence[int] = (),
 ) -> GenerationOutput:
     device = eos_ids.device
     prompt_len = max(len(p) for p in prompts)
@@ -231,7 +249,10 @@ def _sample_chunk(
         device
     )
 
-    batch, max_new = len(prompts), params.max_new_tokens
+    batch = len(prompts)
+    already = torch.tensor(list(generated) or [0] * batch, dtype=torch.long, device=device)
+    budgets = params.max_new_tokens - already  # tokens each row may still generate
+    max_new = int(budgets.max())
     if quota is not None and quota.met:  # an earlier chunk met it: nothing to decode here
         max_new = 0
     response_ids = torch.full((batch, max_new), pad_token_id, dtype=torch.long, device=device)
@@ -263,21 +284,25 @@ def _sample_chunk(
     rows = torch.arange(batch, device=device)
     num_live = batch
     for step in range(max_new):
-        blocked = eos_ids if step < params.min_new_tokens else None
-        tokens, token_logprobs = choose_next_tokens(logits, params, generator=generator, blocked_ids=blocked)
+        blocked = blocked_rows = None
+        if params.min_new_tokens > 0:
+            blocked_rows = already[rows] + step < params.min_new_tokens
+            blocked = eos_ids if bool(blocked_rows.any()) else None
+        tokens, token_logprobs = choose_next_tokens(
+            logits, params, generator=generator, blocked_ids=blocked, blocked_rows=blocked_rows
+        )
         response_ids[rows, step] = tokens
         logprobs[rows, step] = token_logprobs
         response_mask[rows, step] = True
         hit_eos = torch.isin(tokens, eos_ids)
         stopped[rows] = hit_eos
-        last = step + 1 == max_new
+        finished = hit_eos | (budgets[rows] == step + 1)
+        ended[rows[finished]] = True
         if quota is not None:
-            done = rows if last else rows[hit_eos]
-            ended[done] = True
-            quota.finish([first_row + int(r) for r in done.tolist()])
-        live = ~hit_eos
+            quota.finish([first_row + int(r) for r in rows[finished].tolist()])
+        live = ~finished
         now_live = int(live.sum())
-        if now_live == 0 or last or (quota is not None and quota.met):
+        if now_live == 0 or (quota is not None and quota.met):
             break
         if now_live < num_live:
             keep = live.nonzero().squeeze(-1)
@@ -309,7 +334,7 @@ def _sample_chunk(
         response_mask=response_mask[:, :num_steps],
         logprobs=logprobs[:, :num_steps],
         finish_reasons=[
-            "stop" if s else "length" if e or quota is None else "abort"
+            "stop" if s else "length" if e else "abort"
             for s, e in zip(stopped.tolist(), ended.tolist(), strict=True)
         ],
         prompt_experts=prompt_experts,

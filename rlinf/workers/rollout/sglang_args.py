@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlinf.config.schema import Config
+from rlinf.workers.rollout.partial import Piece
 from rlinf.workers.rollout.sampling import SamplingParams
 
 SGLANG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -134,34 +135,53 @@ def finish_reason(meta: dict[str, Any], where: str) -> str:
     raise EngineOutputError(f"{where}: SGLang finished the request with {kind!r} {detail}".strip())
 
 
+def continuation_piece(reply: dict[str, Any] | None, where: str) -> Piece:
+    """A partial rollout's request reply -> what it generated. An aborted request's reply carries
+    the output so far when SGLang sent it; one without aligned tokens and logprobs (or no reply)
+    is an empty piece, and the response continues from where it was."""
+    meta = (reply or {}).get("meta_info", {})
+    reason = meta.get("finish_reason")
+    if reply is None or (reason.get("type") if isinstance(reason, dict) else reason) == "abort":
+        ids = [int(t) for t in (reply or {}).get("output_ids") or []]
+        entries = meta.get("output_token_logprobs") or []
+        if len(entries) != len(ids) or [int(e[1]) for e in entries] != ids:
+            return Piece((), (), "abort")
+        return Piece(ids, [float(e[0]) for e in entries], "abort")
+    return Piece(*reply_tokens(reply, where))
+
+
+def reply_tokens(out: dict[str, Any], where: str) -> tuple[list[int], list[float], str]:
+    """A finished request's (token ids, their logprobs, finish reason), checked: `output_ids`
+    include the final stop token, `meta_info.output_token_logprobs` is a list of
+    (logprob, token_id, text) aligned 1:1 with them."""
+    ids = [int(t) for t in out["output_ids"]]
+    meta = out["meta_info"]
+    entries = meta.get("output_token_logprobs")
+    if entries is None or len(entries) != len(ids):
+        raise EngineOutputError(
+            f"{where}: {0 if entries is None else len(entries)} output_token_logprobs for {len(ids)} "
+            "output_ids (return_logprob must be on)"
+        )
+    if [int(e[1]) for e in entries] != ids:
+        raise EngineOutputError(f"{where}: output_token_logprobs token ids differ from output_ids")
+    if not ids:
+        raise EngineOutputError(f"{where}: SGLang returned an empty response")
+    return ids, [float(e[0]) for e in entries], finish_reason(meta, where)
+
+
 def parse_outputs(
     outputs: Sequence[dict[str, Any]], prompts: Sequence[Sequence[int]], pad_token_id: int
 ) -> ParsedOutputs:
-    """Engine replies (one per request, in request order) -> the RolloutBatch tensors.
-
-    Each reply's `output_ids` include the final stop token; `meta_info.output_token_logprobs` is a
-    list of (logprob, token_id, text) aligned 1:1 with them, which is checked.
-    """
+    """Engine replies (one per request, in request order) -> the RolloutBatch tensors (each reply
+    checked by `reply_tokens`)."""
     if len(outputs) != len(prompts):
         raise EngineOutputError(f"SGLang returned {len(outputs)} outputs for {len(prompts)} requests")
     responses, logprobs, reasons = [], [], []
     for i, out in enumerate(outputs):
-        where = f"request {i}"
-        ids = [int(t) for t in out["output_ids"]]
-        meta = out["meta_info"]
-        entries = meta.get("output_token_logprobs")
-        if entries is None or len(entries) != len(ids):
-            raise EngineOutputError(
-                f"{where}: {0 if entries is None else len(entries)} output_token_logprobs for {len(ids)} "
-                "output_ids (return_logprob must be on)"
-            )
-        if [int(e[1]) for e in entries] != ids:
-            raise EngineOutputError(f"{where}: output_token_logprobs token ids differ from output_ids")
-        if not ids:
-            raise EngineOutputError(f"{where}: SGLang returned an empty response")
+        ids, lps, reason = reply_tokens(out, f"request {i}")
         responses.append(ids)
-        logprobs.append([float(e[0]) for e in entries])
-        reasons.append(finish_reason(meta, where))
+        logprobs.append(lps)
+        reasons.append(reason)
     prompt_len = max(len(p) for p in prompts)
     response_len = max(len(r) for r in responses)
     batch = len(prompts)

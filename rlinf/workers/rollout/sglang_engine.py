@@ -101,7 +101,8 @@ def generate_until_quota(
     **extra: Any,
 ):
     """The coroutine of a quota-bounded generate on an sglang.Engine: one request per row, each
-    with its own rid, the unfinished ones aborted by rid once `quota` is met (their replies None)."""
+    with its own rid, the unfinished ones aborted by rid once `quota` is met (their replies are
+    SGLang's abort replies, finish_reason "abort", with the output so far where it sent it)."""
     rids = [f"rlinf-{uuid.uuid4().hex}" for _ in input_ids]
 
     def submit(row: int):
@@ -210,7 +211,8 @@ class SGLangEngine:
         quota: GroupQuota | None = None,
     ) -> list[dict | None]:
         """One reply per request. With `quota` (rows = requests) each request runs on its own and
-        the unfinished ones are aborted once the quota is met: their replies are None."""
+        the unfinished ones are aborted once the quota is met: their replies are the abort replies
+        (None where the aborted request raised)."""
         if self.weights_stale:
             raise RuntimeError(
                 f"{self.where}: generate after the engine's weights were released and not pushed again "

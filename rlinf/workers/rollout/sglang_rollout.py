@@ -24,10 +24,18 @@ from rlinf.data.datasets import PromptItem
 from rlinf.weight_sync.plan import CUDA_IPC, NCCL, OBJECT_STORE, WEIGHT_GROUP_NAME, gpu_uuid
 from rlinf.workers.common import eos_token_ids, pad_token_id
 from rlinf.workers.rollout.base import RolloutWorker, WeightBucket, group_quota
+from rlinf.workers.rollout.partial import (
+    GroupInFlight,
+    PartialRollout,
+    continuations,
+    finish_step,
+    step_quota,
+)
 from rlinf.workers.rollout.sampling import SamplingParams
 from rlinf.workers.rollout.sglang_args import (
     ALL_MEMORY_TAGS,
     check_expert_parallel,
+    continuation_piece,
     decode_responses,
     engine_spans,
     expert_parallel_size,
@@ -132,6 +140,33 @@ class SGLangRollout(RolloutWorker):
             solutions=[item.solutions for item in repeated],
             **self._routed_experts(outputs, parsed),
         )
+
+    def generate_partial(
+        self, groups: Sequence[GroupInFlight], params: SamplingParams, seed: int, keep_groups: int
+    ) -> PartialRollout:
+        # One request per unfinished response: prompt + its tokens so far, with the budget it has left.
+        requests = continuations(groups, params.max_new_tokens)
+        quota = step_quota(groups, requests, keep_groups)
+        dicts = [
+            {
+                **common,
+                "max_new_tokens": r.max_new_tokens,
+                "min_new_tokens": max(0, params.min_new_tokens - r.generated),
+            }
+            for common, r in zip(
+                sampling_dicts(params, self.eos_ids, request_seeds(seed, len(requests))),
+                requests,
+                strict=True,
+            )
+        ]
+        replies = (
+            self.engine.generate([r.input_ids for r in requests], dicts, quota=quota) if requests else []
+        )
+        pieces = [continuation_piece(reply, f"request {i}") for i, reply in enumerate(replies)]
+        return finish_step(
+            groups, requests, pieces, quota, self.pad_id,
+            lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+        )  # fmt: skip
 
     def _routed_experts(self, outputs: list[dict], parsed) -> dict:
         """algorithm.routing_replay: the replies' routed experts as RolloutBatch fields (and the

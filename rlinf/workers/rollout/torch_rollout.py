@@ -24,6 +24,14 @@ from rlinf.workers.rollout.base import (
     group_quota,
     kept_groups,
 )
+from rlinf.workers.rollout.partial import (
+    GroupInFlight,
+    PartialRollout,
+    Piece,
+    continuations,
+    finish_step,
+    step_quota,
+)
 from rlinf.workers.rollout.sampling import SamplingParams, sample
 
 
@@ -89,6 +97,40 @@ class TorchRollout(RolloutWorker):
             extras={} if self.recorder is None else {"time/routing_record": self.recorder.pop_seconds()},
         )
         return kept_groups(batch, quota)
+
+    def generate_partial(
+        self, groups: Sequence[GroupInFlight], params: SamplingParams, seed: int, keep_groups: int
+    ) -> PartialRollout:
+        requests = continuations(groups, params.max_new_tokens)
+        quota = step_quota(groups, requests, keep_groups)
+        pieces = []
+        if requests:  # none when every group is complete already
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            out = sample(
+                self.model,
+                [r.input_ids for r in requests],
+                params,
+                eos_token_ids=self.eos_ids,
+                pad_token_id=self.pad_id,
+                generator=generator,
+                max_batch_size=self.cfg.rollout.max_batch_size,
+                quota=quota,
+                generated=[r.generated for r in requests],
+            )
+            pieces = [
+                Piece(ids[mask].tolist(), lp[mask].float().tolist(), reason)
+                for ids, mask, lp, reason in zip(
+                    out.response_ids.cpu(),
+                    out.response_mask.cpu(),
+                    out.logprobs.cpu(),
+                    out.finish_reasons,
+                    strict=True,
+                )
+            ]
+        return finish_step(groups, requests, pieces, quota, self.pad_id, self._decode)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         from rlinf.models.weights import load_weight_bucket
