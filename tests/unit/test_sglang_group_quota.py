@@ -1,6 +1,7 @@
 """data.oversample_prompts through the SGLang rollout: one request per response, the unfinished ones
 aborted by id once enough groups are complete, and a RolloutBatch of the kept groups alone. The
-engine is a stand-in for sglang.Engine (its async_generate / tokenizer_manager.abort_request)."""
+engine is a stand-in for sglang.Engine (its async_generate / tokenizer_manager.abort_request).
+With data.partial_rollout the aborted replies' output is carried and continued next step."""
 
 import asyncio
 
@@ -79,3 +80,65 @@ def test_the_rollout_returns_only_the_kept_groups(engine):
     assert batch.response_mask.sum(1).tolist() == [3, 1]
     assert batch.prompt_ids[:, -2:].tolist() == [[3, 9], [1, 9]]
     assert batch.response_text == ["3 tokens", "1 tokens"]
+
+
+class PartialEngine(QuotaEngine):
+    """data.partial_rollout: a SLOW prompt holds until aborted (while `hold_slow`) and then replies
+    with the two tokens it made so far, or with none; other requests answer at once with
+    max_new_tokens tokens (or, fresh, L tokens for a prompt [L, 9])."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hold_slow, self.abort_output = True, [8, 8]
+        self.requests: list[tuple[list[int], dict]] = []
+
+    async def async_generate(self, input_ids, sampling_params, return_logprob, rid):
+        self.requests.append((list(input_ids), dict(sampling_params)))
+        self.events[rid] = asyncio.Event()
+        if input_ids[0] == SLOW and self.hold_slow:
+            await self.events[rid].wait()
+            entries = [(-0.25, t, None) for t in self.abort_output]
+            meta = {"output_token_logprobs": entries, "finish_reason": {"type": "abort"}}
+            return {"output_ids": list(self.abort_output), "meta_info": meta}
+        fresh = len(input_ids) == 2 and input_ids[0] != SLOW
+        length = input_ids[0] if fresh else sampling_params["max_new_tokens"]
+        await asyncio.sleep(0.005 * length)
+        entries = [(-0.5, 7, None)] * length
+        return {
+            "output_ids": [7] * length,
+            "meta_info": {"output_token_logprobs": entries, "finish_reason": {"type": "length"}},
+        }
+
+
+@pytest.mark.parametrize("abort_output", [[8, 8], []], ids=["aborted-with-output", "aborted-empty"])
+def test_partial_rollout_carries_the_aborted_output_and_continues_it(monkeypatch, abort_output):
+    from rlinf.workers.rollout.partial import GroupInFlight
+
+    monkeypatch.setattr(sglang_engine, "import_sglang", lambda: PartialEngine)
+    rollout = object.__new__(SGLangRollout)
+    rollout.engine = sglang_engine.SGLangEngine({}, where="rollout engine (rank 0)")
+    rollout.routing, rollout.eos_ids, rollout.pad_id = None, [2], 0
+    rollout.tokenizer = type("Tok", (), {"decode": lambda self, ids, skip_special_tokens: str(ids)})()
+    fake = rollout.engine.engine
+    fake.abort_output = abort_output
+    items = [PromptItem((length, 9), f"p{length}", (str(length),), "test") for length in (SLOW, 2, 3, 4)]
+    params = SamplingParams(max_new_tokens=8, min_new_tokens=3)
+
+    first = rollout.generate_partial([GroupInFlight.fresh(item, 1) for item in items[:3]], params, 0, 2)
+    assert first.batch.solutions == [("2",), ("3",)]
+    (carried,) = first.carried
+    assert carried.responses[0].token_ids == tuple(abort_output) and not carried.complete
+
+    fake.hold_slow, fake.requests = False, []
+    second = rollout.generate_partial([carried, GroupInFlight.fresh(items[3], 1)], params, 1, 2)
+    (input_ids, sampling), _ = fake.requests
+    assert input_ids == [SLOW, 9, *abort_output]  # the prompt followed by the tokens so far
+    assert sampling["max_new_tokens"] == 8 - len(abort_output)  # the budget left
+    assert sampling["min_new_tokens"] == 3 - len(abort_output)
+    batch = second.batch
+    assert batch.response_ids[0].tolist() == [*abort_output, *[7] * (8 - len(abort_output))]
+    assert batch.rollout_logprobs[0].tolist() == [-0.25] * len(abort_output) + [-0.5] * (
+        8 - len(abort_output)
+    )
+    assert batch.finish_reasons == ["length", "length"] and not second.carried
+    assert second.carried_tokens == len(abort_output) and second.max_carry_steps == 2
