@@ -61,3 +61,27 @@ def test_two_engines_each_keep_their_share_of_the_groups(random_tiny_checkpoint,
     assert responses(merged) == responses(first) + responses(second)
     assert merged.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert merged.solutions == first.solutions + second.solutions
+
+
+def test_two_engines_share_the_carried_groups_of_a_partial_rollout(
+    random_tiny_checkpoint, tmp_path, ray_session
+):
+    # data.partial_rollout: groups are dealt out in turn (0, 2, 4 to engine 0; 1, 3, 5 to engine 1),
+    # each engine keeps its share of 4 and returns the rest to carry
+    from rlinf.workers.rollout.partial import GroupInFlight
+
+    cfg = small_config(random_tiny_checkpoint, tmp_path)
+    train, _, _ = build_datasets(cfg, load_tokenizer(str(random_tiny_checkpoint)))
+    groups = [GroupInFlight.fresh(item, 2) for item in list(train)[:6]]
+    params = SamplingParams.from_config(cfg.algorithm.sampling_params)
+    group = WorkerGroup("rollout", ROLLOUT_BACKENDS["torch"], (cfg,), num_workers=2)
+    try:
+        merged = RolloutGroup(group).generate_partial(groups, params, seed=5, keep_groups=4)
+    finally:
+        group.kill()
+    local = TorchRollout(cfg)
+    first = local.generate_partial(groups[0::2], params, 5, keep_groups=2)
+    second = local.generate_partial(groups[1::2], params, engine_seed(5, 1), keep_groups=2)
+    assert responses(merged.batch) == responses(first.batch) + responses(second.batch)
+    assert merged.batch.group_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert merged.carried == first.carried + second.carried and len(merged.carried) == 2

@@ -82,8 +82,8 @@ def test_worker_killed_after_a_checkpoint_names_that_checkpoint(
 
     saved = RunCheckpointer.save
 
-    def save_then_kill_the_rollout(self, step):
-        path = saved(self, step)
+    def save_then_kill_the_rollout(self, step, carried=()):
+        path = saved(self, step, carried)
         os.kill(self.roles.rollout.pids()[0], signal.SIGKILL)
         return path
 
