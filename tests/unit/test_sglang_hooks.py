@@ -95,21 +95,11 @@ def test_register_acts_only_when_switched_on(fake_hook_registry, monkeypatch):
     sglang_hooks.register()
     assert fake_hook_registry == [
         (sglang_hooks.TARGET, sampling_from_probs_hook, "around"),
-        (sglang_hooks.RELEASE_TARGET, sglang_hooks.empty_cache_after_release, "after"),
     ]
 
 
-def test_release_hook_empties_the_cache_and_keeps_the_reply(monkeypatch):
-    emptied = []
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    reply = object()
-    assert sglang_hooks.empty_cache_after_release(reply, "scheduler", "request") is reply
-    assert emptied == [True]
-
-
-def test_targets_name_sglangs_sampler_function_and_release():
+def test_target_names_sglangs_sampler_function():
     assert sglang_hooks.TARGET == "sglang.srt.layers.sampler.sampling_from_probs_torch"
-    assert sglang_hooks.RELEASE_TARGET == "sglang.srt.managers.scheduler.Scheduler.release_memory_occupation"
 
 
 CHILD = """

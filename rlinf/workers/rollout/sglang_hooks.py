@@ -1,5 +1,4 @@
-"""rlinf's SGLang plugin: a lighter sampler for every decode step of SGLang's scheduler, and a
-memory release that gives back the scheduler's cached blocks too.
+"""rlinf's SGLang plugin: a lighter sampler for every decode step of SGLang's scheduler.
 
 Why: SGLang 0.5.12 samples without top-k / top-p / min-p (rlinf's RL sampling, temperature only)
 with `torch.multinomial(probs, 1)`, which checks the whole [batch x vocab] probability tensor
@@ -8,12 +7,6 @@ with `torch.multinomial(probs, 1)`, which checks the whole [batch x vocab] proba
 (tests/unit/test_sglang_hooks.py), less host and GPU time per decode step (docs/sglang.md). What
 the checks caught, NaN or negative probabilities, comes from NaN logits, which SGLang's
 `enable_nan_detection` guards. Seeded sampling (deterministic inference) keeps SGLang's path.
-
-Release: SGLang 0.5.12's `Scheduler.release_memory_occupation` pauses the memory saver's regions
-(weights, KV pool, CUDA graphs) but leaves the blocks torch's caching allocator keeps for the
-engine's other tensors (prefill activations, MoE workspaces, the logits of a batch) reserved in
-the scheduler process, where the colocated actor cannot use them. `empty_cache_after_release`
-hands them back to the GPU after each release.
 
 How it gets into SGLang: SGLang loads "general plugins" (entry-point group `sglang.srt.plugins`)
 in each of its processes and applies the hooks they register (`HookRegistry`), the scheduler
@@ -37,7 +30,6 @@ PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "rlinf_light_sampling"
 ENV_SWITCH = "RLINF_SGLANG_HOOKS"
 TARGET = "sglang.srt.layers.sampler.sampling_from_probs_torch"
-RELEASE_TARGET = "sglang.srt.managers.scheduler.Scheduler.release_memory_occupation"
 _DIST_NAME = "rlinf_sglang_hooks"
 
 
@@ -57,12 +49,6 @@ def sampling_from_probs_hook(original, probs, sampling_seed=None, positions=None
     return sample_from_probs(probs)
 
 
-def empty_cache_after_release(result, *args, **kwargs):
-    """AFTER hook for the scheduler's `release_memory_occupation`: its reply, unchanged."""
-    torch.cuda.empty_cache()
-    return result
-
-
 def register() -> None:
     """The entry point SGLang calls in each of its processes (sglang.srt.plugins.load_plugins)."""
     if os.environ.get(ENV_SWITCH) != "1":
@@ -70,7 +56,6 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, sampling_from_probs_hook, HookType.AROUND)
-    HookRegistry.register(RELEASE_TARGET, empty_cache_after_release, HookType.AFTER)
 
 
 def _already_discoverable() -> bool:
