@@ -16,14 +16,16 @@
 #                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
 #                                                     the runner (Megatron actor + SGLang rollout on one GPU);
 #                                                     overrides pick another actor, steps, seed
-#   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|long|compile|VARIANTS_JSON]
+#   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|long|compile|partial|VARIANTS_JSON]
 #                                                     rollout decode at Moonlight's full depth (27 layers,
 #                                                     /tmp/m27, built when absent, ~3 min): the rollout's
 #                                                     engine against each candidate setting in one run
 #                                                     (sweep, sweep2: DEPTH27_* below), or 2048 / 4096 new
 #                                                     tokens at batch 256 with the tail of the step and
 #                                                     4 oversampled groups cut by the quota (long), or
-#                                                     torch.compile at batch 64 (compile);
+#                                                     torch.compile at batch 64 (compile), or
+#                                                     data.partial_rollout's steps against plain ones
+#                                                     (partial: benchmarks/partial_rollout_steps.py);
 #                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh): the
 #                                                     rollout's engine decodes with FlashMLA where it is
 #
@@ -92,6 +94,15 @@ case "${1:-}" in
       timeout 330 python3 -m rlinf.models.slice --out "$ckpt" --layers 27 --device cuda 2>&1 | tail -n 8 || exit 1
     fi
     plan=${2:-sweep}
+    if [ "$plan" = partial ]; then  # data.partial_rollout against the plain step, 2048 new tokens
+      timeout $((585 - SECONDS)) python3 -m benchmarks.partial_rollout_steps --checkpoint "$ckpt" --batch 256 \
+        --max-new-tokens 2048 --oversample-groups 8 --steps 4 >"$OUT/depth27_partial.json" 2>"$OUT/depth27_partial.log"
+      status=$?
+      grep -E '^\{"step"|Error' "$OUT/depth27_partial.log" | cut -c1-700 | tail -n 10
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != 'steps'})" \
+        "$OUT/depth27_partial.json" 2>/dev/null
+      exit $status
+    fi
     # triton_decode: the rollout's engine without its measured FlashMLA decode (MEASURED_ENGINE_ARGS)
     triton_decode='{"decode_attention_backend": null, "prefill_attention_backend": null}'
     DEPTH27_sweep='{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}, "triton_decode": '$triton_decode',
