@@ -16,11 +16,11 @@
 #                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
 #                                                     the runner (Megatron actor + SGLang rollout on one GPU);
 #                                                     overrides pick another actor, steps, seed
-#   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|long|compile|partial|VARIANTS_JSON]
+#   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|sweep3|long|compile|partial|VARIANTS_JSON]
 #                                                     rollout decode at Moonlight's full depth (27 layers,
 #                                                     /tmp/m27, built when absent, ~3 min): the rollout's
 #                                                     engine against each candidate setting in one run
-#                                                     (sweep, sweep2: DEPTH27_* below), or 2048 / 4096 new
+#                                                     (sweep, sweep2, sweep3: DEPTH27_* below), or 2048 / 4096 new
 #                                                     tokens at batch 256 with the tail of the step and
 #                                                     4 oversampled groups cut by the quota (long), or
 #                                                     torch.compile at batch 64 (compile), or
@@ -110,12 +110,17 @@ case "${1:-}" in
     # (num_continuous_decode_steps is not a candidate: SGLang 0.5.12 parses it and never reads it)
     DEPTH27_sweep2='{"flashinfer_sampling": {"sampling_backend": "flashinfer"}, "no_cuda_graph": {"disable_cuda_graph": true},
       "chunked_prefill_32k": {"chunked_prefill_size": 32768}}'
+    # flashinfer's MLA decode; SGLang's shared-experts fusion (the 2 shared experts as extra experts of
+    # the fused MoE kernel: fewer kernels a step; SGLang enables it only for 256-expert, 1-shared models)
+    DEPTH27_sweep3='{"flashinfer_decode": {"decode_attention_backend": "flashinfer"},
+      "fused_shared_experts": {"enforce_shared_experts_fusion": true}}'
     # CUDA graphs captured at the measured batches only: the decode steps run the same graphs as
     # with the rollout's full list, and each engine starts in less of the call's time.
     extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3 --sglang-arg 'cuda_graph_bs=[64,256]')
     case $plan in
       sweep) variants=$DEPTH27_sweep; extra+=(--sglang-profile /tmp/sglang-profile-27) ;;
       sweep2) variants=$DEPTH27_sweep2 ;;
+      sweep3) variants=$DEPTH27_sweep3 ;;
       long) variants='{}'; extra=(--batches 256 --tail-lengths 2048,4096 --oversample-groups 4) ;;
       compile)  # SGLang's torch.compile of the decode graphs at batch 64 (inductor's default mode)
         variants='{"torch_compile": {"enable_torch_compile": true, "torch_compile_max_bs": 64,
