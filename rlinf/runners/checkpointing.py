@@ -169,9 +169,11 @@ def _check_compatible(cfg: Config, config_file: Path) -> None:
         raise CheckpointError(f"{config_file}: unreadable: {err}") from None
     if not isinstance(saved, dict):
         raise CheckpointError(f"{config_file}: not a resolved config (expected a mapping)")
-    current = to_dict(cfg)
+    current, defaults = to_dict(cfg), to_dict(Config())
     for key in RESUME_INVARIANTS:
         old, new = _dotted(saved, key), _dotted(current, key)
+        if old is None:  # a checkpoint written before the key existed ran with its default
+            old = _dotted(defaults, key)
         if old != new:
             raise CheckpointError(
                 f"{config_file}: incompatible checkpoint: {key} was {old!r}, this run has {new!r}"

@@ -115,3 +115,28 @@ def test_a_failed_resume_names_the_checkpoint_before_the_one_that_failed(tmp_pat
     only = ResumePoint(first, 1, {})
     assert last_good_checkpoint(None, only, bad_state).startswith("none (the resume checkpoint")
     assert last_good_checkpoint(None, None, bad_state) is None
+
+
+def test_partial_rollout_must_match_and_a_checkpoint_from_before_the_key_means_off(tmp_path):
+    import yaml
+
+    partial = ["data.oversample_prompts=2", "data.partial_rollout=true"]
+    saved = save_resolved_config(load_config("tiny-moe-grpo-cpu", partial), tmp_path / "on")
+    with pytest.raises(CheckpointError, match="data.partial_rollout was True, this run has False"):
+        _check_compatible(load_config("tiny-moe-grpo-cpu", ["data.oversample_prompts=2"]), saved)
+    # a checkpoint written before data.partial_rollout existed holds no such key: it ran without it
+    oversampled = load_config("tiny-moe-grpo-cpu", ["data.oversample_prompts=2"])
+    older = save_resolved_config(oversampled, tmp_path / "older")
+    resolved = yaml.safe_load(older.read_text())
+    del resolved["data"]["partial_rollout"]
+    older.write_text(yaml.safe_dump(resolved))
+    _check_compatible(oversampled, older)
+    with pytest.raises(CheckpointError, match="data.partial_rollout was False, this run has True"):
+        _check_compatible(load_config("tiny-moe-grpo-cpu", partial), older)
+
+
+def test_a_partial_rollout_checkpoint_without_its_carried_groups_is_refused(tmp_path):
+    from rlinf.runners.checkpointing import CARRIED_GROUPS_FILE, _read_carried
+
+    with pytest.raises(CheckpointError, match=f"{CARRIED_GROUPS_FILE}: unreadable carried groups"):
+        _read_carried(tmp_path / CARRIED_GROUPS_FILE)
