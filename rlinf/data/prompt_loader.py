@@ -22,6 +22,20 @@ def prompts_per_step(data: Any) -> int:
     return int(data.rollout_batch_size + data.oversample_prompts)
 
 
+def fresh_prompts_per_step(data: Any) -> int:
+    """Prompts a training step draws from the data (a DataConfig), and so what an epoch counts
+    steps in: all it has in flight, except with data.partial_rollout, whose steps after the first
+    carry oversample_prompts groups and draw rollout_batch_size."""
+    return int(data.rollout_batch_size) if data.partial_rollout else prompts_per_step(data)
+
+
+def training_loader(dataset: Sequence[T], cfg: Any) -> PromptLoader[T]:
+    """The training prompts' loader of a run (a Config): a batch per step, in the run's order."""
+    return PromptLoader(
+        dataset, fresh_prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
+    )
+
+
 class PromptLoader(Generic[T]):
     def __init__(
         self,
@@ -68,11 +82,11 @@ class PromptLoader(Generic[T]):
         return full + int(remainder > 0 and not self._drop_last)
 
     def next_batch(self, size: int | None = None) -> list[T]:
-        """The next `size` items (default: batch_size; at most batch_size: a partial rollout draws
-        fewer when groups are carried over). An epoch ends once fewer than batch_size items are left."""
+        """The next `size` items (default: batch_size; a partial rollout's first step draws more),
+        at most what is left of the epoch. An epoch ends once fewer than batch_size items are left."""
         size = self._batch_size if size is None else size
-        if not 0 <= size <= self._batch_size:
-            raise ValueError(f"size must be in [0, batch_size={self._batch_size}], got {size}")
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
         order = self._epoch_order()
         positions = order[self._index : self._index + size]
         self._index += len(positions)

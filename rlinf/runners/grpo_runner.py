@@ -10,8 +10,8 @@ from pathlib import Path
 from rlinf.algorithms import compute_advantages, logprob_mismatch_metrics
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
-from rlinf.data.prompt_loader import PromptLoader, prompts_per_step
-from rlinf.runners.checkpointing import RunCheckpointer
+from rlinf.data.prompt_loader import prompts_per_step, training_loader
+from rlinf.runners.checkpointing import RunCheckpointer, planned_steps
 from rlinf.runners.colocation import ColocatedMemory
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
@@ -30,9 +30,7 @@ class GRPORunner:
         self.roles = roles
         self.val_set = val_set
         self.metrics = metrics
-        self.loader = PromptLoader(
-            train_set, prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
-        )
+        self.loader = training_loader(train_set, cfg)
         self.carried: list[GroupInFlight] = []  # data.partial_rollout: groups the last step left unfinished
         self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
         self.timer = PhaseTimer()
@@ -44,8 +42,7 @@ class GRPORunner:
 
     @property
     def total_steps(self) -> int:
-        by_epochs = self.loader.steps_per_epoch * self.cfg.runner.max_epochs
-        return min(by_epochs, self.cfg.runner.max_steps) if self.cfg.runner.max_steps > 0 else by_epochs
+        return planned_steps(self.cfg, self.loader)
 
     def run(self) -> Path | None:
         """Train to the end (or a stop signal); returns the last checkpoint's path."""

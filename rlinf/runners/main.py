@@ -122,7 +122,7 @@ def run(cfg) -> int:
 
 
 def _run(cfg) -> int:
-    from rlinf.data.prompt_loader import PromptLoader, prompts_per_step
+    from rlinf.data.prompt_loader import training_loader
     from rlinf.models.hf_checkpoint import ModelLoadError, load_model_config, load_tokenizer
     from rlinf.models.tiny import resolve_model_path
     from rlinf.runners.checkpointing import find_resume_point, steps_left
@@ -150,9 +150,7 @@ def _run(cfg) -> int:
     train_set, val_set, data_counters = build_datasets(cfg, tokenizer)
     # From here this run is the only writer of its folders; the resume checkpoint is read under the lock.
     with held_output_folders(cfg):
-        probe = PromptLoader(
-            train_set, prompts_per_step(cfg.data), shuffle=cfg.data.shuffle, seed=cfg.runner.seed
-        )
+        probe = training_loader(train_set, cfg)
         point = find_resume_point(cfg, probe)
         if point is not None and steps_left(cfg, point, probe) == 0:
             print(

@@ -162,3 +162,20 @@ def test_a_greedy_response_continued_next_step_equals_the_one_made_in_one_go():
     assert torch.equal(piece.response_mask, whole.response_mask)
     torch.testing.assert_close(piece.rollout_logprobs, whole.rollout_logprobs, rtol=0, atol=1e-5)
     assert piece.response_text == whole.response_text
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_an_epoch_counts_steps_in_the_prompts_each_step_draws(partial):
+    """With partial_rollout a step draws rollout_batch_size fresh prompts once the first has filled
+    the flight, so an epoch trains as many groups as the dataset holds; without it a step draws
+    rollout_batch_size + oversample_prompts."""
+    from rlinf.data.prompt_loader import training_loader
+    from rlinf.runners.checkpointing import planned_steps
+
+    data = SimpleNamespace(rollout_batch_size=4, oversample_prompts=2, partial_rollout=partial, shuffle=False)
+    cfg = SimpleNamespace(data=data, runner=SimpleNamespace(seed=0, max_epochs=2, max_steps=-1))
+    loader = training_loader(list(range(20)), cfg)
+    assert loader.steps_per_epoch == (5 if partial else 3)
+    assert planned_steps(cfg, loader) == (10 if partial else 6)
+    first = loader.next_batch(6)  # a partial run's first step: the whole flight
+    assert first == list(range(6)) and len(loader.next_batch()) == (4 if partial else 6)
