@@ -66,6 +66,7 @@ RUNNER = "rlinf.runners.grpo_runner"
 MAIN = "rlinf.runners.main"
 CHECKPOINTING = "rlinf.runners.checkpointing"
 DATA_SETUP = "rlinf.runners.data_setup"
+PROMPT_LOADER = "rlinf.data.prompt_loader"
 POLICY_LOSS = "rlinf.algorithms.policy_loss"
 # The minibatch / early-stop / NaN-skip loop every actor backend trains through.
 POLICY_UPDATE = "rlinf.workers.actor.policy_update"
@@ -118,8 +119,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.logger.logger_backends": (ANY.reads(MAIN),),
     "runner.logger.plot": (ANY.reads(MAIN),),
     "runner.seed": (ANY.reads(RUNNER, DATA_SETUP),),
-    "runner.max_epochs": (ANY.reads(RUNNER),),
-    "runner.max_steps": (ANY.reads(RUNNER),),
+    "runner.max_epochs": (ANY.reads(CHECKPOINTING),),  # planned_steps: the runner's and the resume probe's
+    "runner.max_steps": (ANY.reads(CHECKPOINTING),),
     "runner.val_check_interval": (ANY.reads(RUNNER),),
     "runner.save_interval": (ANY.reads(RUNNER),),
     "runner.save_at_end": (ANY.reads(RUNNER),),
@@ -168,7 +169,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "data.oversample_prompts": (ANY.reads(RUNNER),),
     "data.partial_rollout": (ANY.reads(RUNNER),),
     "data.val_batch_size": (ANY.reads(RUNNER),),
-    "data.shuffle": (ANY.reads(RUNNER),),
+    "data.shuffle": (ANY.reads(PROMPT_LOADER),),  # training_loader
     "data.skip_invalid": (MATH_DATA.reads(DATA_SETUP),),
     "data.synthetic.digits": (SYNTHETIC_DATA.reads(DATA_SETUP),),
     "data.synthetic.operations": (SYNTHETIC_DATA.reads(DATA_SETUP),),
