@@ -25,26 +25,23 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.decode_bounds import response_lengths
 from benchmarks.rollout_decode import engine_arguments, ensure_checkpoint, random_prompts, start_sglang
 from rlinf.data.datasets import PromptItem
-from rlinf.workers.rollout.partial import Continuation, GroupInFlight, finish_step, step_quota
+from rlinf.workers.rollout.partial import Continuation, GroupInFlight, continuations, finish_step, step_quota
 from rlinf.workers.rollout.sglang_args import continuation_piece
 from rlinf.workers.rollout.sglang_engine import generate_until_quota
 
 
-def requests_of(groups: list[GroupInFlight], targets: list[list[int]]) -> list[Continuation]:
-    """Every unfinished response, decoding up to its own target length."""
-    out = []
-    for g, group in enumerate(groups):
-        for r, response in enumerate(group.responses):
-            if not response.finished:
-                done = len(response.token_ids)
-                ids = [*group.item.prompt_ids, *response.token_ids]
-                out.append(Continuation(g, r, ids, done, targets[g][r] - done))
-    return out
+def requests_of(groups: list[GroupInFlight], targets: list[list[int]], limit: int) -> list[Continuation]:
+    """The step's requests (partial.continuations), each decoding up to its response's own length."""
+    return [
+        replace(c, max_new_tokens=targets[c.group][c.response] - c.generated)
+        for c in continuations(groups, limit)
+    ]
 
 
 def run_requests(engine, requests: list[Continuation], quota) -> tuple[list, float]:
@@ -75,8 +72,8 @@ def plain_step(engine, prompts: list[list[int]], lengths: list[int]) -> dict:
     }
 
 
-def partial_step(engine, groups, targets, keep: int) -> tuple[dict, list, list]:
-    requests = requests_of(groups, targets)
+def partial_step(engine, groups, targets, keep: int, limit: int) -> tuple[dict, list, list]:
+    requests = requests_of(groups, targets, limit)
     quota = step_quota(groups, requests, keep)
     pieces, seconds = run_requests(engine, requests, quota)
     result = finish_step(groups, requests, pieces, quota, pad_id=0, decode=lambda ids: "")
@@ -116,7 +113,9 @@ def run_steps(engine, args, vocab: int) -> list[dict]:
             GroupInFlight.fresh(PromptItem(tuple(p), "", ("",), "benchmark"), size) for p in fresh_prompts
         ]
         targets = carried_targets + [lengths[g * size : (g + 1) * size] for g in range(count)]
-        partial, carried, carried_targets = partial_step(engine, carried + fresh, targets, keep)
+        partial, carried, carried_targets = partial_step(
+            engine, carried + fresh, targets, keep, args.max_new_tokens
+        )
         rows.append({"step": step + 1, "plain": plain, "partial": partial})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
