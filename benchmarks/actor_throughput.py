@@ -27,6 +27,9 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--megatron-variants gradient_accumulation_fusion=false,moe_permute_fusion=false]
                                    # one more Megatron run per entry, with that provider setting
                                    # (rlinf.config.megatron_settings) changed: each fusion's share
+        [--megatron-setting attention_backend=unfused]  # a provider setting of every TE Megatron
+                                   # actor of the run (repeatable); TE's core attention kernel is one
+                                   # per process, so it is a setting, not a variant
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -104,10 +107,28 @@ def provider_overrides(overrides: dict):
         settings.translate = translate
 
 
+def parse_setting(text: str) -> dict:
+    """One key=value provider setting. `attention_backend` names megatron-core's AttnBackend (flash,
+    fused, unfused, local, auto): with TE it picks TE's core attention kernel (megatron-core turns it
+    into the NVTE_*_ATTN variables of the process, and refuses them set any other way)."""
+    key, _, value = (part.strip() for part in text.partition("="))
+    if key == "attention_backend":
+        from megatron.core.transformer.enums import AttnBackend
+
+        if value not in AttnBackend.__members__:
+            raise SystemExit(f"{text}: attention_backend is one of {list(AttnBackend.__members__)}")
+        return {key: AttnBackend[value]}
+    return {key: {"true": True, "false": False}.get(value.lower(), value)}
+
+
 def parse_variant(text: str) -> dict:
-    key, _, value = text.partition("=")
-    parsed = {"true": True, "false": False}.get(value.strip().lower(), value.strip())
-    return {key.strip(): parsed}
+    """One `--megatron-variants` entry: a second actor in this process with this setting."""
+    setting = parse_setting(text)
+    if "attention_backend" in setting:  # the first actor has fixed the process's NVTE_*_ATTN
+        raise SystemExit(
+            f"--megatron-variants {text}: one attention backend per process; use --megatron-setting"
+        )
+    return setting
 
 
 def measure_te_free(argv: list[str]) -> dict:
@@ -117,8 +138,9 @@ def measure_te_free(argv: list[str]) -> dict:
     if "--backends" in args:
         i = args.index("--backends")
         del args[i : i + 2]
-    for flag in ("--megatron-variants", "--profile"):  # the parent's profile file names stay its own
-        if flag in args:
+    # the TE actors' settings and variants, and the parent's profile file names, stay the parent's
+    for flag in ("--megatron-variants", "--megatron-setting", "--profile"):
+        while flag in args:
             i = args.index(flag)
             del args[i : i + 2]
     env = {**os.environ, "RLINF_MEGATRON_TE": "off", "MASTER_PORT": "29512"}  # the parent holds 29511
@@ -243,6 +265,13 @@ def main() -> None:
     )
     parser.add_argument("--megatron-grouped-gemm", action="store_true", help="actor.model.moe_grouped_gemm")
     parser.add_argument("--megatron-variants", default="", help="comma-separated provider key=value runs")
+    parser.add_argument(
+        "--megatron-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a provider setting of every TE Megatron actor of this run, e.g. attention_backend=unfused",
+    )
     args = parser.parse_args()
     config = json.loads((Path(args.model) / "config.json").read_text())
     ensure_tokenizer(args.model)
@@ -278,13 +307,15 @@ def main() -> None:
     backends = sorted(args.backends.split(","), key=lambda b: b != "megatron-te-free")
     runs = [(b, {}) for b in backends]
     runs += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
+    settings = {k: v for text in args.megatron_setting for k, v in parse_setting(text).items()}
+    result["megatron_settings"] = {k: getattr(v, "name", v) for k, v in settings.items()}
     for name, overrides in runs:
         if name == "megatron-te-free":
             result[name] = measure_te_free(sys.argv[1:])
             print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
             continue
         torch.cuda.reset_peak_memory_stats()
-        with provider_overrides(overrides):
+        with provider_overrides({**settings, **overrides}):
             seconds, trace, spec = measure(
                 name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host
             )

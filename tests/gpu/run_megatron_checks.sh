@@ -12,7 +12,8 @@
 #   te-free-spec  (not in `all`) with TE installed: the spec test again under RLINF_MEGATRON_TE=off
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor; with TE e.g.
-#          --backends torch,megatron,megatron-te-free --megatron-variants gradient_accumulation_fusion=false)
+#          --backends torch,megatron,megatron-te-free --megatron-variants gradient_accumulation_fusion=false;
+#          TE's core attention kernel, one per process: --megatron-setting attention_backend=unfused)
 #   optim  the precision-aware optimizer (bf16 moments: TE's FusedAdam, or CompactAdamW without TE):
 #          tests/gpu/test_megatron_compact_adamw.py, then save / load (same actor, and a fresh one)
 #          with fp32 and bf16 moments

@@ -26,8 +26,8 @@
 #                                                     torch.compile at batch 64 (compile), or
 #                                                     data.partial_rollout's steps against plain ones
 #                                                     (partial: benchmarks/partial_rollout_steps.py);
-#                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh): the
-#                                                     rollout's engine decodes with FlashMLA where it is
+#                                                     carry .wfmla too (tests/gpu/flashmla_folder.sh) for
+#                                                     the FlashMLA engine of sweep3
 #
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
@@ -103,17 +103,18 @@ case "${1:-}" in
         "$OUT/depth27_partial.json" 2>/dev/null
       exit $status
     fi
-    # triton_decode: the rollout's engine without its measured FlashMLA decode (MEASURED_ENGINE_ARGS)
+    # triton_decode: the rollout's engine without its measured flashinfer decode (MEASURED_ENGINE_ARGS)
     triton_decode='{"decode_attention_backend": null, "prefill_attention_backend": null}'
     DEPTH27_sweep='{"generic_moe": {"env": {"SGLANG_MOE_CONFIG_DIR": null}}, "triton_decode": '$triton_decode',
       "no_overlap": {"disable_overlap_schedule": true}}'
     # (num_continuous_decode_steps is not a candidate: SGLang 0.5.12 parses it and never reads it)
     DEPTH27_sweep2='{"flashinfer_sampling": {"sampling_backend": "flashinfer"}, "no_cuda_graph": {"disable_cuda_graph": true},
       "chunked_prefill_32k": {"chunked_prefill_size": 32768}}'
-    # flashinfer's MLA decode; SGLang's shared-experts fusion (the 2 shared experts as extra experts of
-    # the fused MoE kernel: fewer kernels a step; SGLang enables it only for 256-expert, 1-shared models)
-    DEPTH27_sweep3='{"flashinfer_decode": {"decode_attention_backend": "flashinfer"},
-      "fused_shared_experts": {"enforce_shared_experts_fusion": true}}'
+    # FlashMLA decode (the rollout's choice before flashinfer's MLA decode measured faster); carry
+    # .wfmla, else the benchmark lists it under sglang_variant_unavailable. (SGLang's shared-experts
+    # fusion, enforce_shared_experts_fusion, is no candidate: 0.5.12's DeepSeek weight loader asserts
+    # a single shared expert, and Moonlight has 2.)
+    DEPTH27_sweep3='{"flashmla_decode": {"decode_attention_backend": "flashmla"}}'
     # CUDA graphs captured at the measured batches only: the decode steps run the same graphs as
     # with the rollout's full list, and each engine starts in less of the call's time.
     extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3 --sglang-arg 'cuda_graph_bs=[64,256]')

@@ -15,6 +15,7 @@ from rlinf.workers.rollout.sglang_settings import (
     check_flashmla,
     engine_settings,
     flashmla_kernel,
+    kernel_unusable,
     measured_args,
 )
 
@@ -31,6 +32,25 @@ def sgl_kernel(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "sgl_kernel", raising=False)
     importlib.invalidate_caches()
     return package
+
+
+@pytest.fixture
+def flashinfer_machine(tmp_path, monkeypatch):
+    """A stand-in flashinfer package on the path and a CUDA_HOME without nvcc (PATH holds none);
+    the test adds nvcc or the prebuilt-kernel package. Returns (CUDA_HOME, package folder)."""
+    packages = tmp_path / "site"
+    (packages / "flashinfer").mkdir(parents=True)
+    (packages / "flashinfer" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(packages))
+    for name in ("flashinfer", "flashinfer_jit_cache"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.invalidate_caches()
+    cuda_home = tmp_path / "cuda"
+    (cuda_home / "bin").mkdir(parents=True)
+    monkeypatch.setenv("CUDA_HOME", str(cuda_home))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.delenv("FLASHINFER_NVCC", raising=False)
+    return cuda_home, packages
 
 
 def test_one_gpu_engine_gets_the_tuned_moe_tables_and_the_sampler_plugin():
@@ -52,21 +72,24 @@ def test_measured_choices_fill_only_what_the_recipe_leaves_unset():
     measured = {
         "cuda_graph_max_bs": 512,
         "chunked_prefill_size": 16384,
-        "decode_attention_backend": "flashmla",
+        "decode_attention_backend": "flashinfer",
     }
-    out = measured_args(recipe, measured, flashmla_unusable=None)
+    out = measured_args(recipe, measured, decode_unusable=None)
     assert out["cuda_graph_max_bs"] == 256  # the recipe's value wins
     assert out["chunked_prefill_size"] == 16384
-    assert out["decode_attention_backend"] == "flashmla" and out["prefill_attention_backend"] == "triton"
+    assert out["decode_attention_backend"] == "flashinfer" and out["prefill_attention_backend"] == "triton"
+    mine = measured_args(recipe | {"decode_attention_backend": "flashmla"}, measured, decode_unusable=None)
+    assert mine["decode_attention_backend"] == "flashmla" and "prefill_attention_backend" not in mine
 
 
-def test_a_measured_flashmla_choice_is_dropped_where_the_kernel_is_missing():
-    measured = {"decode_attention_backend": "flashmla", "chunked_prefill_size": 16384}
-    out = measured_args({"attention_backend": "triton"}, measured, flashmla_unusable="no kernel")
+def test_a_measured_decode_choice_is_dropped_where_it_cannot_run():
+    measured = {"decode_attention_backend": "flashinfer", "chunked_prefill_size": 16384}
+    out = measured_args({"attention_backend": "triton"}, measured, decode_unusable="no nvcc")
     assert out == {"attention_backend": "triton", "chunked_prefill_size": 16384}
 
 
-def test_engine_settings_apply_measured_flashmla_only_where_it_runs(sgl_kernel, monkeypatch):
+def test_engine_settings_apply_measured_flashinfer_decode_only_where_it_runs(flashinfer_machine, monkeypatch):
+    cuda_home, packages = flashinfer_machine
     cfg = Config()
     cfg = replace(
         cfg, rollout=replace(cfg.rollout, sglang=replace(cfg.rollout.sglang, attention_backend="triton"))
@@ -78,19 +101,44 @@ def test_engine_settings_apply_measured_flashmla_only_where_it_runs(sgl_kernel, 
             cfg, model_path="/m", hf_config=hf_config, colocated=False, measured=measured
         ).kwargs
 
-    assert "decode_attention_backend" not in kwargs()  # the defaults, no kernel: the engine still starts
-    (sgl_kernel / "flashmla_ops.abi3.so").write_bytes(b"")
-    chosen = kwargs()  # the defaults (MEASURED_ENGINE_ARGS) on Hopper with the kernel
+    assert sglang_settings.MEASURED_ENGINE_ARGS == {"decode_attention_backend": "flashinfer"}
+    assert "decode_attention_backend" not in kwargs()  # no way to build the kernel: the engine still starts
+    (cuda_home / "bin" / "nvcc").write_text("")
+    chosen = kwargs()  # the defaults on Hopper, flashinfer able to build its kernel
     assert (
-        chosen["decode_attention_backend"] == "flashmla" and chosen["prefill_attention_backend"] == "triton"
+        chosen["decode_attention_backend"] == "flashinfer" and chosen["prefill_attention_backend"] == "triton"
     )
-    gpu_tiny = MOONLIGHT | {"kv_lora_rank": 256, "qk_rope_head_dim": 32}  # a head FlashMLA cannot decode
+    (cuda_home / "bin" / "nvcc").unlink()
+    (packages / "flashinfer_jit_cache").mkdir()  # prebuilt kernels instead of nvcc
+    (packages / "flashinfer_jit_cache" / "__init__.py").write_text("")
+    importlib.invalidate_caches()
+    assert kwargs()["decode_attention_backend"] == "flashinfer"
+    # a head the choice was not measured on
+    gpu_tiny = MOONLIGHT | {"kv_lora_rank": 256, "qk_rope_head_dim": 32}
     assert "decode_attention_backend" not in kwargs(gpu_tiny)
     assert "decode_attention_backend" not in kwargs(measured={})  # the benchmarks' reference engine
     monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: (8, 0))  # not measured off Hopper
     assert "decode_attention_backend" not in kwargs()
     monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: None)
     assert "decode_attention_backend" not in kwargs()
+
+
+def test_flashinfer_needs_the_package(flashinfer_machine, monkeypatch):
+    cuda_home, _ = flashinfer_machine
+    (cuda_home / "bin" / "nvcc").write_text("")
+    assert kernel_unusable("flashinfer") is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a)
+    )
+    assert kernel_unusable("flashinfer") == "flashinfer is not installed"
+
+
+def test_flashmla_is_usable_only_with_its_kernel(sgl_kernel):
+    assert "has no sgl_kernel/flashmla_ops" in kernel_unusable("flashmla")
+    (sgl_kernel / "flashmla_ops.abi3.so").write_bytes(b"")
+    assert kernel_unusable("flashmla") is None
+    assert kernel_unusable("triton") is None  # built into SGLang
 
 
 def test_flashmla_kernel_is_found_in_the_installed_sgl_kernel(sgl_kernel):

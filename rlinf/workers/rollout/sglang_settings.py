@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,17 +26,20 @@ logger = logging.getLogger(__name__)
 
 # SGLang engine arguments chosen by measurement at Moonlight's full depth (27 layers) on Hopper,
 # each with its gain over the configuration without it, measured in the same run (docs/benchmarks.md,
-# "SGLang decode at full depth"; `bash tests/gpu/sglang_gpu_checks.sh depth27 sweep` measures them).
+# "SGLang decode at full depth"; `bash tests/gpu/sglang_gpu_checks.sh depth27 ...` measures them).
 # The one place such choices go. Each applies only where the recipe leaves the field unset (a
 # recipe key that maps to the field wins).
-# - FlashMLA decode (triton prefill): +33% decode tokens/s at batch 256 (18.97k vs 14.30k), +14% at
-#   batch 64 (6.15k vs 5.41k). It applies only where FlashMLA can run (`flashmla_unusable`): the
-#   kernel installed, a Hopper GPU, Moonlight's MLA head (kv_lora_rank 512 + rope 64); elsewhere the
+# - flashinfer's MLA decode (triton prefill): against FlashMLA decode, +3.7% / +3.8% decode tokens/s
+#   at batch 64 and +6.7% / +3.6% at batch 256 (two runs); FlashMLA was +14% / +33% over triton
+#   decode. It applies only where it can run (`measured_decode_unusable`): Moonlight's MLA head
+#   (kv_lora_rank 512 + rope 64), a Hopper GPU, flashinfer able to build its kernel; elsewhere the
 #   engine starts with the recipe's attention backend alone.
-MEASURED_ENGINE_ARGS: dict[str, Any] = {"decode_attention_backend": "flashmla"}
+MEASURED_ENGINE_ARGS: dict[str, Any] = {"decode_attention_backend": "flashinfer"}
 
 FLASHMLA = "flashmla"
 FLASHMLA_KERNEL_GLOB = "flashmla_ops*.so"  # sglang-kernel's FlashMLA extension (sgl_kernel/flash_mla.py)
+FLASHINFER = "flashinfer"
+MEASURED_MLA_DIMS = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): Moonlight's MLA head
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,13 @@ def flashmla_kernel() -> Path | None:
     return None
 
 
-FLASHMLA_MLA_DIMS = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): the one head FlashMLA decodes
+def nvcc_found() -> bool:
+    """Whether flashinfer's kernel builder finds nvcc (it looks at FLASHINFER_NVCC, CUDA_HOME /
+    CUDA_PATH, the PATH, then /usr/local/cuda)."""
+    if os.environ.get("FLASHINFER_NVCC") or shutil.which("nvcc"):
+        return True
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return Path(home, "bin", "nvcc").is_file()
 
 
 def gpu_capability() -> tuple[int, int] | None:
@@ -64,17 +75,30 @@ def gpu_capability() -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None  # type: ignore[return-value]
 
 
-def flashmla_unusable(hf_config: dict) -> str | None:
-    """Why an engine for this checkpoint cannot decode with FlashMLA here; None when it can."""
-    if flashmla_kernel() is None:
+def kernel_unusable(backend: str) -> str | None:
+    """Why this machine cannot run a decode backend's kernels; None when it can (or for a backend
+    SGLang ships built)."""
+    if backend == FLASHMLA and flashmla_kernel() is None:
         return f"the installed sglang-kernel has no sgl_kernel/{FLASHMLA_KERNEL_GLOB}"
+    if backend == FLASHINFER:
+        if importlib.util.find_spec("flashinfer") is None:
+            return "flashinfer is not installed"
+        if importlib.util.find_spec("flashinfer_jit_cache") is None and not nvcc_found():
+            return "flashinfer builds its MLA kernel at first use and finds neither nvcc nor flashinfer-jit-cache"
+    return None
+
+
+def measured_decode_unusable(backend: str, hf_config: dict) -> str | None:
+    """Why the measured decode backend does not apply to this checkpoint here; None when it does."""
     dims = (hf_config.get("kv_lora_rank"), hf_config.get("qk_rope_head_dim"))
-    if dims != FLASHMLA_MLA_DIMS:
-        return f"(kv_lora_rank, qk_rope_head_dim) = {dims}; FlashMLA decodes only {FLASHMLA_MLA_DIMS}"
+    if dims != MEASURED_MLA_DIMS:
+        return (
+            f"(kv_lora_rank, qk_rope_head_dim) = {dims}; the choice was measured for {MEASURED_MLA_DIMS} only"
+        )
     capability = gpu_capability()
     if capability is None or capability[0] != 9:
-        return f"GPU compute capability {capability}; the FlashMLA choice was measured on Hopper (9.x) only"
-    return None
+        return f"GPU compute capability {capability}; the choice was measured on Hopper (9.x) only"
+    return kernel_unusable(backend)
 
 
 def uses_flashmla(kwargs: dict[str, Any]) -> bool:
@@ -93,14 +117,15 @@ def check_flashmla(kwargs: dict[str, Any], where: str) -> None:
 
 
 def measured_args(
-    kwargs: dict[str, Any], measured: dict[str, Any], flashmla_unusable: str | None
+    kwargs: dict[str, Any], measured: dict[str, Any], decode_unusable: str | None
 ) -> dict[str, Any]:
     """`measured` on top of the recipe's `kwargs`: a field the recipe set keeps its value, and a
-    FlashMLA decode choice is left out where FlashMLA cannot run (`flashmla_unusable` says why; the
-    engine starts without it)."""
+    decode backend choice is left out where it cannot run (`decode_unusable` says why; the engine
+    starts without it)."""
     chosen = {k: v for k, v in measured.items() if k not in kwargs}
-    if chosen.get("decode_attention_backend") == FLASHMLA and flashmla_unusable:
-        logger.info("measured default decode_attention_backend=flashmla not applied: %s", flashmla_unusable)
+    backend = chosen.get("decode_attention_backend")
+    if backend and decode_unusable:
+        logger.info("measured default decode_attention_backend=%s not applied: %s", backend, decode_unusable)
         chosen.pop("decode_attention_backend")
     if "decode_attention_backend" in chosen:  # SGLang's hybrid backend: prefill keeps the recipe's
         chosen["prefill_attention_backend"] = kwargs.get("attention_backend")
@@ -127,7 +152,9 @@ def engine_settings(
         needs_tokenizer=needs_tokenizer,
     )
     choices = MEASURED_ENGINE_ARGS if measured is None else measured
-    kwargs = measured_args(kwargs, choices, flashmla_unusable(hf_config) if choices else None)
+    backend = choices.get("decode_attention_backend")
+    unusable = measured_decode_unusable(backend, hf_config) if backend else None
+    kwargs = measured_args(kwargs, choices, unusable)
     env = moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"])
     env[HOOKS_SWITCH] = "1"  # rlinf's lighter sampler (sglang_hooks.py)
     return EngineSettings(kwargs, env)

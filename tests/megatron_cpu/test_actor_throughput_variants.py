@@ -1,0 +1,32 @@
+"""benchmarks/actor_throughput.py --megatron-setting / --megatron-variants: each entry becomes the
+provider setting megatron-core reads (its AttnBackend enum for attention_backend, booleans for
+switches)."""
+
+import pytest
+
+pytest.importorskip(
+    "megatron.core", reason="needs megatron-core 0.19 (bash requirements/install.sh agentic ...)"
+)
+
+from megatron.core.transformer.enums import AttnBackend  # noqa: E402
+
+from benchmarks.actor_throughput import parse_setting, parse_variant  # noqa: E402
+
+
+def test_switches_become_booleans_and_attention_backend_its_enum():
+    assert parse_variant("gradient_accumulation_fusion=false") == {"gradient_accumulation_fusion": False}
+    assert parse_variant(" moe_permute_fusion = True ") == {"moe_permute_fusion": True}
+    assert parse_setting("attention_backend=unfused") == {"attention_backend": AttnBackend.unfused}
+    assert parse_setting("attention_backend=fused") == {"attention_backend": AttnBackend.fused}
+
+
+def test_the_attention_backend_is_a_setting_of_the_run_not_a_variant():
+    # megatron-core fixes the process's NVTE_*_ATTN variables at the first actor's build and asserts
+    # on a different backend later, so a second actor cannot change it
+    with pytest.raises(SystemExit, match="one attention backend per process; use --megatron-setting"):
+        parse_variant("attention_backend=unfused")
+
+
+def test_an_unknown_attention_backend_is_named():
+    with pytest.raises(SystemExit, match="attention_backend is one of .*'unfused'"):
+        parse_setting("attention_backend=sdpa")
