@@ -192,7 +192,7 @@ class ActorConfig:
 class SGLangConfig:
     enable_ep_moe: bool = True  # doc: expert-parallel MoE (ep_size = tensor_parallel_size)
     attention_backend: str = "fa3"  # doc: SGLang attention backend
-    # doc: SGLang attention backend for decode only (e.g. flashmla); attention_backend then serves prefill; null = attention_backend for both
+    # doc: SGLang attention backend for decode only (e.g. flashinfer, flashmla); attention_backend then serves prefill; null = the measured choice where it runs (flashinfer on Hopper for 512 + 64 MLA heads; docs/sglang.md), else attention_backend for both
     decode_attention_backend: str | None = None
     cuda_graph_max_bs: int = 256  # doc: largest CUDA-graph batch; 0 = no CUDA graphs
     max_running_requests: int | None = None  # doc: requests decoded together; null = SGLang sizes it
