@@ -94,9 +94,10 @@ case "${1:-}" in
       timeout 330 python3 -m rlinf.models.slice --out "$ckpt" --layers 27 --device cuda 2>&1 | tail -n 8 || exit 1
     fi
     plan=${2:-sweep}
-    if [ "$plan" = partial ]; then  # data.partial_rollout against the plain step, 2048 new tokens
+    if [ "$plan" = partial ]; then  # data.partial_rollout against the plain step, 2048 new tokens,
+      # PARTIAL_EXTRA_GROUPS (default 8) more groups in flight than trained
       timeout $((585 - SECONDS)) python3 -m benchmarks.partial_rollout_steps --checkpoint "$ckpt" --batch 256 \
-        --max-new-tokens 2048 --oversample-groups 8 --steps 4 >"$OUT/depth27_partial.json" 2>"$OUT/depth27_partial.log"
+        --max-new-tokens 2048 --oversample-groups "${PARTIAL_EXTRA_GROUPS:-8}" --steps 4 >"$OUT/depth27_partial.json" 2>"$OUT/depth27_partial.log"
       status=$?
       grep -E '^\{"step"|Error' "$OUT/depth27_partial.log" | cut -c1-700 | tail -n 10
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != 'steps'})" \
