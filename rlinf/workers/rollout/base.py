@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -18,6 +19,12 @@ WeightBucket = list[tuple[str, torch.Tensor]]
 
 
 class RolloutWorker(ABC):
+    tokenizer: Any  # the policy's tokenizer, set by each worker
+
+    def response_text(self, ids: list[int]) -> str:
+        """A response's text for the grader: its tokens decoded, special tokens left out."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
     @abstractmethod
     def generate(
         self,

@@ -125,9 +125,7 @@ class SGLangRollout(RolloutWorker):
             replies, prompts = [replies[r] for r in rows], [prompts[r // n] for r in rows[::n]]
         outputs = [reply for reply in replies if reply is not None]
         parsed = parse_outputs(outputs, input_ids, self.pad_id)
-        texts = decode_responses(
-            parsed, lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True))
-        )
+        texts = decode_responses(parsed, self.response_text)
         return RolloutBatch(
             prompt_ids=parsed.prompt_ids,
             prompt_mask=parsed.prompt_mask,
@@ -163,10 +161,7 @@ class SGLangRollout(RolloutWorker):
             self.engine.generate([r.input_ids for r in requests], dicts, quota=quota) if requests else []
         )
         pieces = [continuation_piece(reply, f"request {i}") for i, reply in enumerate(replies)]
-        return finish_step(
-            groups, requests, pieces, quota, self.pad_id,
-            lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
-        )  # fmt: skip
+        return finish_step(groups, requests, pieces, quota, self.pad_id, self.response_text)
 
     def _routed_experts(self, outputs: list[dict], parsed) -> dict:
         """algorithm.routing_replay: the replies' routed experts as RolloutBatch fields (and the

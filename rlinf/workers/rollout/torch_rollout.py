@@ -79,7 +79,7 @@ class TorchRollout(RolloutWorker):
             quota=quota,
         )
         texts = [
-            self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+            self.response_text(ids[mask].tolist())
             for ids, mask in zip(out.response_ids, out.response_mask, strict=True)
         ]
         batch = RolloutBatch(
@@ -127,10 +127,7 @@ class TorchRollout(RolloutWorker):
                     strict=True,
                 )
             ]
-        return finish_step(groups, requests, pieces, quota, self.pad_id, self._decode)
-
-    def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return finish_step(groups, requests, pieces, quota, self.pad_id, self.response_text)
 
     def update_weights(self, buckets: Sequence[WeightBucket]) -> None:
         from rlinf.models.weights import load_weight_bucket
