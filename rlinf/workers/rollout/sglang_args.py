@@ -126,9 +126,16 @@ class ParsedOutputs:
     finish_reasons: list[str]  # "stop" | "length"
 
 
+def reason_kind(meta: dict[str, Any]) -> Any:
+    """The kind of a reply's finish reason ("stop", "length", "abort", ...): SGLang sends a dict
+    with a "type", or the bare kind."""
+    reason = meta.get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
+
+
 def finish_reason(meta: dict[str, Any], where: str) -> str:
     reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
+    kind = reason_kind(meta)
     if kind in ("stop", "length"):
         return str(kind)
     detail = reason.get("message", "") if isinstance(reason, dict) else ""
@@ -140,8 +147,7 @@ def continuation_piece(reply: dict[str, Any] | None, where: str) -> Piece:
     the output so far when SGLang sent it; one without aligned tokens and logprobs (or no reply)
     is an empty piece, and the response continues from where it was."""
     meta = (reply or {}).get("meta_info", {})
-    reason = meta.get("finish_reason")
-    if reply is None or (reason.get("type") if isinstance(reason, dict) else reason) == "abort":
+    if reply is None or reason_kind(meta) == "abort":
         ids = [int(t) for t in (reply or {}).get("output_ids") or []]
         entries = meta.get("output_token_logprobs") or []
         if len(entries) != len(ids) or [int(e[1]) for e in entries] != ids:
