@@ -198,3 +198,40 @@ def _cat_optional(name: str, values: list[torch.Tensor | None]) -> torch.Tensor 
     if not all(present):
         raise ValueError(f"concat: field {name!r} is set on some parts and missing on others")
     return torch.cat(values)  # type: ignore[arg-type]
+
+
+@dataclass
+class PaddedRows:
+    """Token lists in RolloutBatch's layout: prompts left-padded, responses right-padded."""
+
+    prompt_ids: torch.Tensor  # [B, P] long
+    prompt_mask: torch.Tensor  # [B, P] bool
+    response_ids: torch.Tensor  # [B, R] long
+    response_mask: torch.Tensor  # [B, R] bool
+    logprobs: torch.Tensor  # [B, R] fp32, 0 on padding
+
+
+def padded_rows(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]],
+    pad_id: int,
+) -> PaddedRows:
+    """One row per (prompt, response, its logprobs), in the layout above."""
+    batch = len(prompts)
+    prompt_len = max(len(p) for p in prompts)
+    response_len = max(len(r) for r in responses)
+    out = PaddedRows(
+        torch.full((batch, prompt_len), pad_id, dtype=torch.long),
+        torch.zeros((batch, prompt_len), dtype=torch.bool),
+        torch.full((batch, response_len), pad_id, dtype=torch.long),
+        torch.zeros((batch, response_len), dtype=torch.bool),
+        torch.zeros((batch, response_len), dtype=torch.float32),
+    )
+    for row, (prompt, response, lp) in enumerate(zip(prompts, responses, logprobs, strict=True)):
+        out.prompt_ids[row, prompt_len - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        out.prompt_mask[row, prompt_len - len(prompt) :] = True
+        out.response_ids[row, : len(response)] = torch.tensor(list(response), dtype=torch.long)
+        out.response_mask[row, : len(response)] = True
+        out.logprobs[row, : len(response)] = torch.tensor(list(lp), dtype=torch.float32)
+    return out

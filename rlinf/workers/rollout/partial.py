@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlinf.data.batch import RolloutBatch
+from rlinf.data.batch import RolloutBatch, padded_rows
 from rlinf.data.datasets import PromptItem
 from rlinf.workers.rollout.group_quota import GroupQuota
 
@@ -172,24 +172,19 @@ def groups_batch(
     rows = [(group.item, response) for group in groups for response in group.responses]
     if any(not response.finished or not response.token_ids for _, response in rows):
         raise ValueError("a batch needs complete groups whose responses are not empty")
-    prompt_width = max(len(item.prompt_ids) for item, _ in rows)
-    response_width = max(len(response.token_ids) for _, response in rows)
-    prompt_ids = torch.full((len(rows), prompt_width), pad_id, dtype=torch.long)
-    response_ids = torch.full((len(rows), response_width), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((len(rows), response_width), dtype=torch.float32)
-    for row, (item, response) in enumerate(rows):
-        prompt_ids[row, prompt_width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
-        response_ids[row, : len(response.token_ids)] = torch.tensor(response.token_ids)
-        logprobs[row, : len(response.logprobs)] = torch.tensor(response.logprobs)
-    prompt_lengths = torch.tensor([len(item.prompt_ids) for item, _ in rows])
-    response_lengths = torch.tensor([len(response.token_ids) for _, response in rows])
+    padded = padded_rows(
+        [item.prompt_ids for item, _ in rows],
+        [response.token_ids for _, response in rows],
+        [response.logprobs for _, response in rows],
+        pad_id,
+    )
     return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=torch.arange(prompt_width) >= prompt_width - prompt_lengths[:, None],
-        response_ids=response_ids,
-        response_mask=torch.arange(response_width) < response_lengths[:, None],
+        prompt_ids=padded.prompt_ids,
+        prompt_mask=padded.prompt_mask,
+        response_ids=padded.response_ids,
+        response_mask=padded.response_mask,
         group_index=torch.tensor([g for g, group in enumerate(groups) for _ in group.responses]),
-        rollout_logprobs=logprobs,
+        rollout_logprobs=padded.logprobs,
         finish_reasons=[str(response.finish_reason) for _, response in rows],
         response_text=[decode(list(response.token_ids)) for _, response in rows],
         solutions=[item.solutions for item, _ in rows],

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlinf.config.schema import Config
+from rlinf.data.batch import padded_rows
 from rlinf.workers.rollout.partial import Piece
 from rlinf.workers.rollout.sampling import SamplingParams
 
@@ -188,21 +189,10 @@ def parse_outputs(
         responses.append(ids)
         logprobs.append(lps)
         reasons.append(reason)
-    prompt_len = max(len(p) for p in prompts)
-    response_len = max(len(r) for r in responses)
-    batch = len(prompts)
-    prompt_ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((batch, prompt_len), dtype=torch.bool)
-    response_ids = torch.full((batch, response_len), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros((batch, response_len), dtype=torch.bool)
-    token_logprobs = torch.zeros((batch, response_len), dtype=torch.float32)
-    for row, (prompt, response, lp) in enumerate(zip(prompts, responses, logprobs, strict=True)):
-        prompt_ids[row, prompt_len - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-        prompt_mask[row, prompt_len - len(prompt) :] = True
-        response_ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
-        response_mask[row, : len(response)] = True
-        token_logprobs[row, : len(response)] = torch.tensor(lp, dtype=torch.float32)
-    return ParsedOutputs(prompt_ids, prompt_mask, response_ids, response_mask, token_logprobs, reasons)
+    rows = padded_rows(prompts, responses, logprobs, pad_token_id)
+    return ParsedOutputs(
+        rows.prompt_ids, rows.prompt_mask, rows.response_ids, rows.response_mask, rows.logprobs, reasons
+    )
 
 
 def decode_responses(parsed: ParsedOutputs, decode: Callable[[list[int]], str]) -> list[str]:
