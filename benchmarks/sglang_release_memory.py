@@ -65,10 +65,9 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sglang_release_memory.py needs a CUDA GPU")
-    if not (args.model / "config.json").is_file():
-        from rlinf.models.slice import build_moonlight_slice
+    from benchmarks.rollout_decode import ensure_checkpoint
 
-        build_moonlight_slice(args.model, 4, dtype="bf16", device="cuda")
+    ensure_checkpoint(args.model, layers=4)
     print(json.dumps(measure(args.model)))
 
 
