@@ -53,3 +53,27 @@ def hf_greedy(model, prompts, eos: list[int], pad: int, max_new: int = 12) -> li
     params = SamplingParams(greedy=True, max_new_tokens=max_new)
     out = sample(model, prompts, params, eos_token_ids=eos, pad_token_id=pad)
     return real_tokens(out.response_ids, out.response_mask)
+
+
+# greedy_regret's bar for a bf16 engine against fp32 HF: the tiny engine's bf16 logprobs differ by
+# ~1e-3 on average; a wrong weight shows as a gap of order 1
+GREEDY_REGRET_BF16 = 0.05
+
+
+def greedy_regret(model, prompts: list[list[int]], rows: list[list[int]]) -> float:
+    """How far `rows` (greedy continuations of `prompts` from another implementation) stray from
+    `model`'s own greedy choice: the largest gap, over every generated position, between the
+    model's top logprob there and its logprob of the token the row holds (0: the model's own greedy
+    path). A random-init model has near-ties that bf16 kernels break either way, so one token's
+    flip makes two greedy paths differ entirely while every step stays within bf16 noise."""
+    worst, device = 0.0, next(model.parameters()).device
+    with torch.no_grad():
+        for prompt, row in zip(prompts, rows, strict=True):
+            if not row:
+                continue
+            ids = torch.tensor([prompt + row], device=device)
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            lp = logits.log_softmax(-1)
+            taken = lp.gather(-1, torch.tensor(row, device=device)[:, None])[:, 0]
+            worst = max(worst, float((lp.max(-1).values - taken).max()))
+    return worst

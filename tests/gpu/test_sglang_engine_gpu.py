@@ -7,12 +7,13 @@ Figures go to stdout and, when RLINF_GPU_FIGURES names a file, to it as JSON lin
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import replace
 
 import pytest
 import torch
-from gpu_checks import engine_greedy, hf_greedy, recompute_logprobs, record
+from gpu_checks import GREEDY_REGRET_BF16, engine_greedy, greedy_regret, hf_greedy, recompute_logprobs, record
 
 from rlinf.config.schema import Config
 from rlinf.workers.rollout.sampling import SamplingParams
@@ -105,7 +106,7 @@ def _engine_greedy(t, max_new: int):
 def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     """CPU buckets (object-store path) load perturbed weights; then the colocated path, released
     engine -> resumed weights -> CUDA IPC buckets -> flush -> resumed KV cache, loads the original
-    weights back. Greedy outputs must equal HF's on each. The CPU path goes first: the IPC exporter
+    weights back. Greedy outputs must be HF's greedy choices (up to bf16 near-ties) on each. The CPU path goes first: the IPC exporter
     patches torch's tensor pickling for CUDA handles (sglang's monkey_patch_torch_reductions), after
     which this process can no longer serialize CPU tensors for SGLang (seen on the H200: IndexError
     in patch_torch.py). In a real run exporter and engine live in different processes."""
@@ -115,18 +116,20 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     engine, max_new = tiny["engine"], 12
     original = tiny["load"]("bf16")
     before = _engine_greedy(tiny, max_new)
-    assert before == _hf_greedy(original, tiny, max_new)
+    # The random checkpoint's greedy path has near-ties: each engine token must be HF's greedy
+    # choice up to bf16 noise (against fp32 HF)
+    regret_before = greedy_regret(tiny["load"]("fp32"), tiny["prompts"], before)
     model = tiny["load"]("bf16")
-    with torch.no_grad():  # sharper logits (robust argmax) and every weight moved
+    with torch.no_grad():  # every weight moved
         torch.manual_seed(3)
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-        model.lm_head.weight.mul_(40.0)
     expected = _hf_greedy(model, tiny, max_new)
     for bucket in iter_weight_buckets(model, 4 * 1024 * 1024):
         engine.load_tensors([(n, t.detach().cpu()) for n, t in bucket])
     engine.flush_cache()
     perturbed = _engine_greedy(tiny, max_new)
+    regret_perturbed = greedy_regret(copy.deepcopy(model).float(), tiny["prompts"], perturbed)
 
     free_up = free_gib()
     engine.release()  # sleep: KV cache, CUDA graphs, weights
@@ -155,8 +158,14 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
         ipc_path_rows_equal=sum(a == b for a, b in zip(restored, before, strict=True)),
         rows=len(expected),
         changed_by_perturbation=sum(a != b for a, b in zip(perturbed, before, strict=True)),
+        original_rows_equal_hf_greedy=sum(
+            a == b for a, b in zip(before, _hf_greedy(original, tiny, max_new), strict=True)
+        ),
+        original_greedy_regret=regret_before,
+        perturbed_greedy_regret=regret_perturbed,
     )
-    assert perturbed == expected and perturbed != before
+    assert regret_before <= GREEDY_REGRET_BF16, regret_before
+    assert regret_perturbed <= GREEDY_REGRET_BF16 and perturbed != before, regret_perturbed
     assert free_released - free_up > 1.0  # the KV cache pool (~GiBs) went back to the GPU
     assert restored == before
 
