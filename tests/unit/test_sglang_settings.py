@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from rlinf.config.run_record import announce
 from rlinf.config.schema import Config
 from rlinf.workers.rollout import moe_configs, sglang_settings
 from rlinf.workers.rollout.sglang_args import engine_kwargs
 from rlinf.workers.rollout.sglang_settings import (
+    ENGINE_RECORD_FILE,
     check_flashmla,
+    engine_record,
     engine_settings,
     flashmla_kernel,
     kernel_unusable,
@@ -153,3 +156,33 @@ def test_flashmla_kernel_is_found_in_the_installed_sgl_kernel(sgl_kernel):
     (sgl_kernel / "flashmla_ops.abi3.so").write_bytes(b"")
     assert flashmla_kernel() == sgl_kernel / "flashmla_ops.abi3.so"
     check_flashmla({"decode_attention_backend": "flashmla"}, "rollout engine 0")
+
+
+def test_the_engine_it_starts_is_printed_once_and_written_with_the_reason_a_default_is_off(
+    flashinfer_machine, monkeypatch, tmp_path, capsys
+):
+    cuda_home, _ = flashinfer_machine
+    monkeypatch.setattr(sglang_settings, "gpu_capability", lambda: (9, 0))
+    triton = replace(Config().rollout.sglang, attention_backend="triton")
+    cfg = replace(Config(), rollout=replace(Config().rollout, sglang=triton))
+
+    def announced(cfg=cfg):
+        settings = engine_settings(cfg, model_path="/m", hf_config=MOONLIGHT, colocated=False)
+        logs = tmp_path / "logs"
+        record = announce("sglang rollout: engine", engine_record(settings), str(logs), ENGINE_RECORD_FILE)
+        printed = capsys.readouterr().out.splitlines()
+        assert len(printed) == 1 and printed[0].startswith("sglang rollout: engine ")
+        assert json.loads((logs / ENGINE_RECORD_FILE).read_text()) == record
+        return record
+
+    off = announced()  # flashinfer cannot build its kernel here: the recipe's triton decodes, and why
+    assert off["decode_attention_backend"] is None and off["attention_backend"] == "triton"
+    assert "neither nvcc nor flashinfer-jit-cache" in off["measured_decode_not_applied"]
+    (cuda_home / "bin" / "nvcc").write_text("")
+    on = announced()
+    assert on["decode_attention_backend"] == "flashinfer" and on["prefill_attention_backend"] == "triton"
+    assert on["measured_decode_not_applied"] is None
+    mine = replace(triton, decode_attention_backend="triton")  # the recipe's own choice: no reason to give
+    (cuda_home / "bin" / "nvcc").unlink()
+    recipe = announced(replace(cfg, rollout=replace(cfg.rollout, sglang=mine)))
+    assert recipe["decode_attention_backend"] == "triton" and recipe["measured_decode_not_applied"] is None

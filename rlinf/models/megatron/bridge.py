@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rlinf.config.megatron_settings import MegatronSettings
+from rlinf.config.run_record import announce
 from rlinf.models.megatron import te_placeholder
 from rlinf.models.megatron.fp32_gemms import TF32_WARNING, fp32_gemm_mode
 
@@ -216,17 +217,7 @@ def announce_spec(
 ) -> dict[str, Any]:
     """Prints which spec this run uses (call once, on one rank) and writes it next to the run's
     resolved config (`log_dir`/megatron_spec.json) when the run has a logs folder."""
-    import json
-    from pathlib import Path
-
     record = spec_record(settings, te_available, precision)
     if record.get("fp32_gemms") == "tf32":
         logger.warning(TF32_WARNING)
-    line = "megatron actor: layer spec " + ", ".join(f"{k}={v}" for k, v in record.items())
-    print(line, flush=True)
-    logger.info(line)
-    if log_dir is not None:
-        out = Path(log_dir).resolve() / SPEC_RECORD_FILE
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")
-    return record
+    return announce("megatron actor: layer spec", record, log_dir, SPEC_RECORD_FILE)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlinf.config.run_record import announce
 from rlinf.config.schema import Config
 from rlinf.config.validate import placement_of
 from rlinf.data.batch import RolloutBatch
@@ -44,7 +45,12 @@ from rlinf.workers.rollout.sglang_args import (
     sampling_dicts,
 )
 from rlinf.workers.rollout.sglang_engine import SGLangEngine, import_sglang
-from rlinf.workers.rollout.sglang_settings import check_flashmla, engine_settings
+from rlinf.workers.rollout.sglang_settings import (
+    ENGINE_RECORD_FILE,
+    check_flashmla,
+    engine_record,
+    engine_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +88,13 @@ class SGLangRollout(RolloutWorker):
             needs_tokenizer=cfg.algorithm.sampling_params.min_new_tokens > 0,
         )
         check_flashmla(settings.kwargs, self.where)
+        if rank == 0:
+            announce(
+                "sglang rollout: engine",
+                engine_record(settings),
+                cfg.runner.logger.log_path,
+                ENGINE_RECORD_FILE,
+            )
         # Our tuned MoE kernel tables where they cover this engine's expert shape, and the sampler
         # plugin (the engine's processes inherit this process's environment).
         os.environ.update(settings.env)

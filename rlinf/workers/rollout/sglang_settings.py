@@ -46,6 +46,34 @@ MEASURED_MLA_DIMS = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): Moonlight's M
 class EngineSettings:
     kwargs: dict[str, Any]  # sglang.Engine(**kwargs)
     env: dict[str, str]  # set in the starting process; the engine's processes inherit it
+    measured_decode_not_applied: str | None = None  # why MEASURED_ENGINE_ARGS' decode backend is off
+
+
+ENGINE_RECORD_FILE = "rollout_engine.json"
+RECORDED_ARGS = (
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+    "sampling_backend",
+    "tp_size",
+    "ep_size",
+    "mem_fraction_static",
+    "dtype",
+)
+
+
+def engine_record(settings: EngineSettings) -> dict[str, Any]:
+    """The engine's attention kernels and layout as the rollout starts it (a field SGLang picks
+    itself shows as None), and why the measured decode default was left off, if it was."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    record = {k: settings.kwargs.get(k) for k in RECORDED_ARGS}
+    record["measured_decode_not_applied"] = settings.measured_decode_not_applied
+    try:
+        record["sglang"] = version("sglang")
+    except PackageNotFoundError:
+        record["sglang"] = "not installed"
+    return record
 
 
 def flashmla_kernel() -> Path | None:
@@ -154,7 +182,8 @@ def engine_settings(
     choices = MEASURED_ENGINE_ARGS if measured is None else measured
     backend = choices.get("decode_attention_backend")
     unusable = measured_decode_unusable(backend, hf_config) if backend else None
+    left_off = unusable if backend and "decode_attention_backend" not in kwargs else None
     kwargs = measured_args(kwargs, choices, unusable)
     env = moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"])
     env[HOOKS_SWITCH] = "1"  # rlinf's lighter sampler (sglang_hooks.py)
-    return EngineSettings(kwargs, env)
+    return EngineSettings(kwargs, env, left_off)
