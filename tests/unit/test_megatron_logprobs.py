@@ -41,6 +41,26 @@ def test_values_and_gradients_match_full_vocab(temperature, monkeypatch):
     torch.testing.assert_close(lp.double(), ref_lp.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(h.double(), ref_h.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=1e-5, rtol=1e-5)
+    assert torch.equal(x.detach(), logits)  # fp32 logits are worked on in copies, never in place
+
+
+@pytest.mark.parametrize("used", ["logprobs", "entropy"])
+def test_an_output_the_loss_leaves_out_gives_the_gradient_of_the_other_alone(used, monkeypatch):
+    """The actor detaches the entropy when it is only a metric (and a loss could use the entropy
+    alone): the gradient is that of the used output, as in the full-vocabulary reference."""
+    monkeypatch.setattr(vp, "CHUNK_BYTES", 4 * 37 * 4)
+    logits, targets, w_lp, w_h = _inputs(seed=3)
+    x = logits.clone().requires_grad_(True)
+    lp, h = vp.vocab_parallel_logprobs(x, targets, temperature=0.7)
+    ref_x = logits.double().clone().requires_grad_(True)
+    ref_lp, ref_h = reference(ref_x, targets, 0.7)
+    if used == "logprobs":
+        ((lp * w_lp).sum() + (h.detach() * w_h).sum()).backward()
+        (ref_lp * w_lp.double()).sum().backward()
+    else:
+        (h * w_h).sum().backward()
+        (ref_h * w_h.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_logits_keep_their_dtype_for_the_gradient():

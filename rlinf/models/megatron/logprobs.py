@@ -36,8 +36,13 @@ def _all_reduce(tensor: torch.Tensor, op, group) -> torch.Tensor:
 
 
 class _VocabParallelLogprobEntropy(torch.autograd.Function):
+    """Each chunk's fp32 work is done in place on one upcast copy where it can be: the softmax
+    over 160k-token vocabularies is memory-bound, so every full-size pass counts. An output the
+    loss does not use (the entropy, when it is only a metric) costs nothing in the backward."""
+
     @staticmethod
     def forward(ctx, logits, targets, temperature, vocab_start, group):
+        ctx.set_materialize_grads(False)
         shape = targets.shape
         flat = logits.reshape(-1, logits.shape[-1])
         tgt = targets.reshape(-1)
@@ -47,32 +52,39 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         owned = (local_target >= 0) & (local_target < v_local)
         local_target = local_target.clamp(0, v_local - 1)
 
-        # Pass 1: global max of the scaled logits per position.
+        # Pass 1: global max of the scaled logits per position (exact in the logits' dtype).
         row_max = torch.empty(n, dtype=torch.float32, device=flat.device)
         for c in _chunks(n, v_local):
-            row_max[c] = flat[c].float().amax(-1) * inv_t
+            row_max[c] = flat[c].amax(-1).float() * inv_t
         _all_reduce(row_max, dist.ReduceOp.MAX, group)
 
-        # Pass 2: sum exp(x - max), sum exp(x - max) * x and the target's x, reduced in one call.
+        # Pass 2: with d = x - max: sum exp(d), sum exp(d) * d and the target's d, reduced in one
+        # call (sum exp(x - max) * x = that second sum + max * the first).
         stats = torch.zeros(3, n, dtype=torch.float32, device=flat.device)
         for c in _chunks(n, v_local):
-            x = flat[c].float() * inv_t
-            e = torch.exp(x - row_max[c, None])
+            d = flat[c].to(torch.float32, copy=True)  # a copy also when the logits are fp32
+            if inv_t != 1.0:
+                d.mul_(inv_t)
+            d.sub_(row_max[c, None])
+            e = d.exp()
             stats[0, c] = e.sum(-1)
-            stats[1, c] = (e * x).sum(-1)
-            picked = x.gather(-1, local_target[c, None]).squeeze(-1)
+            stats[1, c] = e.mul_(d).sum(-1)
+            picked = d.gather(-1, local_target[c, None]).squeeze(-1)
             stats[2, c] = torch.where(owned[c], picked, torch.zeros_like(picked))
         _all_reduce(stats, dist.ReduceOp.SUM, group)
 
-        log_z = row_max + torch.log(stats[0])
-        logprobs = stats[2] - log_z
-        entropy = log_z - stats[1] / stats[0]
+        log_sum = torch.log(stats[0])
+        logprobs = stats[2] - log_sum
+        entropy = log_sum - stats[1] / stats[0]
+        log_z = row_max + log_sum
         ctx.save_for_backward(logits, local_target, owned, log_z, entropy)
         ctx.inv_t = inv_t
         return logprobs.reshape(shape), entropy.reshape(shape)
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None
         logits, local_target, owned, log_z, entropy = ctx.saved_tensors
         inv_t = ctx.inv_t
         flat = logits.reshape(-1, logits.shape[-1])
@@ -81,18 +93,25 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         g_h = None if grad_entropy is None else grad_entropy.reshape(-1).float()
         grad = torch.empty_like(flat)
         for c in _chunks(n, v_local):
-            x = flat[c].float() * inv_t
-            p = torch.exp(x - log_z[c, None])
-            g = torch.zeros_like(x)
+            # d logp(target) / dx_k = 1[k = target] - p_k;  d H / dx_k = -p_k (log p_k + H)
+            # so the chunk's gradient is -p_k * (g_lp + g_h (log p_k + H)) + g_lp 1[k = target],
+            # all times 1 / T.
+            logp = flat[c].to(torch.float32, copy=True)
+            if inv_t != 1.0:
+                logp.mul_(inv_t)
+            logp.sub_(log_z[c, None])
+            p = logp.exp()
+            if g_h is None:
+                g = p.mul_(-g_lp[c, None] * inv_t)
+            else:
+                coef = logp.add_(entropy[c, None]).mul_(g_h[c, None])
+                if g_lp is not None:
+                    coef.add_(g_lp[c, None])
+                g = coef.mul_(p).mul_(-inv_t)
             if g_lp is not None:
-                # d logp(target) / dx_k = 1[k = target] - p_k
-                g -= p * g_lp[c, None]
-                hit = torch.where(owned[c], g_lp[c], torch.zeros_like(g_lp[c]))
+                hit = torch.where(owned[c], g_lp[c], torch.zeros_like(g_lp[c])) * inv_t
                 g.scatter_add_(-1, local_target[c, None], hit[:, None])
-            if g_h is not None:
-                # d H / dx_k = -p_k (x_k - log Z + H)
-                g -= p * (x - log_z[c, None] + entropy[c, None]) * g_h[c, None]
-            grad[c] = (g * inv_t).to(grad.dtype)
+            grad[c] = g
         return grad.reshape(logits.shape), None, None, None, None
 
 
