@@ -329,10 +329,24 @@ def main() -> None:
         }
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
-    for name in [n for n in result if isinstance(result[n], dict) and n.startswith("megatron")]:
-        if "torch" in result:
-            result[f"{name}_speedup_vs_hf"] = result[name]["tokens_per_s"] / result["torch"]["tokens_per_s"]
-    print(json.dumps(result))
+    print(json.dumps(with_speedups(result)))
+
+
+def with_speedups(result: dict) -> dict:
+    """`result` plus each measured Megatron actor's tokens/s over the HF actor's, when both ran
+    (the run's other entries, e.g. megatron_settings, are not actors)."""
+    hf = result.get("torch")
+    actors = [
+        n
+        for n, v in result.items()
+        if n.startswith("megatron") and isinstance(v, dict) and "tokens_per_s" in v
+    ]
+    if not hf:
+        return result
+    return {
+        **result,
+        **{f"{n}_speedup_vs_hf": result[n]["tokens_per_s"] / hf["tokens_per_s"] for n in actors},
+    }
 
 
 if __name__ == "__main__":

@@ -30,3 +30,21 @@ def test_the_attention_backend_is_a_setting_of_the_run_not_a_variant():
 def test_an_unknown_attention_backend_is_named():
     with pytest.raises(SystemExit, match="attention_backend is one of .*'unfused'"):
         parse_setting("attention_backend=sdpa")
+
+
+def test_speedups_are_taken_over_the_measured_actors_only():
+    from benchmarks.actor_throughput import with_speedups
+
+    result = {
+        "megatron_settings": {"attention_backend": "unfused"},
+        "torch": {"tokens_per_s": 50.0},
+        "megatron": {"tokens_per_s": 40.0},
+        "megatron[moe_permute_fusion=False]": {"tokens_per_s": 45.0},
+    }
+    out = with_speedups(result)
+    assert (
+        out["megatron_speedup_vs_hf"] == 0.8
+        and out["megatron[moe_permute_fusion=False]_speedup_vs_hf"] == 0.9
+    )
+    assert "megatron_settings_speedup_vs_hf" not in out
+    assert with_speedups({"megatron": {"tokens_per_s": 40.0}}) == {"megatron": {"tokens_per_s": 40.0}}
