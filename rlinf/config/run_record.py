@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +23,11 @@ def announce(title: str, record: dict[str, Any], log_dir: str | None, filename: 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def package_version(distribution: str) -> str:
+    """The installed version of a package a record names; "unknown" without its metadata."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"

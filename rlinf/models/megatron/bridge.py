@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rlinf.config.megatron_settings import MegatronSettings
-from rlinf.config.run_record import announce
+from rlinf.config.run_record import announce, package_version
 from rlinf.models.megatron import te_placeholder
 from rlinf.models.megatron.fp32_gemms import TF32_WARNING, fp32_gemm_mode
 
@@ -201,12 +201,7 @@ def spec_record(settings: MegatronSettings, te_available: bool, precision: str =
         "apply_rope_fusion": bool(p.get("apply_rope_fusion", False)),
     }
     if te_available:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            record["transformer_engine"] = version("transformer-engine")
-        except PackageNotFoundError:
-            record["transformer_engine"] = "unknown"
+        record["transformer_engine"] = package_version("transformer-engine")
     if precision == "fp32":
         record["fp32_gemms"] = fp32_gemm_mode(te_available)
     return record

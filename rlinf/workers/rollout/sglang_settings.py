@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlinf.config.run_record import package_version
 from rlinf.config.schema import Config
 from rlinf.workers.rollout import moe_configs
 from rlinf.workers.rollout.sglang_args import engine_kwargs
@@ -65,14 +66,9 @@ RECORDED_ARGS = (
 def engine_record(settings: EngineSettings) -> dict[str, Any]:
     """The engine's attention kernels and layout as the rollout starts it (a field SGLang picks
     itself shows as None), and why the measured decode default was left off, if it was."""
-    from importlib.metadata import PackageNotFoundError, version
-
     record = {k: settings.kwargs.get(k) for k in RECORDED_ARGS}
     record["measured_decode_not_applied"] = settings.measured_decode_not_applied
-    try:
-        record["sglang"] = version("sglang")
-    except PackageNotFoundError:
-        record["sglang"] = "not installed"
+    record["sglang"] = package_version("sglang")
     return record
 
 
@@ -182,8 +178,8 @@ def engine_settings(
     choices = MEASURED_ENGINE_ARGS if measured is None else measured
     backend = choices.get("decode_attention_backend")
     unusable = measured_decode_unusable(backend, hf_config) if backend else None
-    left_off = unusable if backend and "decode_attention_backend" not in kwargs else None
     kwargs = measured_args(kwargs, choices, unusable)
     env = moe_configs.engine_env(hf_config, kwargs["tp_size"], kwargs["ep_size"])
     env[HOOKS_SWITCH] = "1"  # rlinf's lighter sampler (sglang_hooks.py)
-    return EngineSettings(kwargs, env, left_off)
+    # a decode backend in kwargs is the recipe's or the applied measured one: nothing left off
+    return EngineSettings(kwargs, env, None if "decode_attention_backend" in kwargs else unusable)
