@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|bf16-ops|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -23,6 +23,8 @@
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
 #          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
+#   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
+#          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
 #          ops, where device->host syncs come from), then both actors at one 16384-token micro-batch
 #
@@ -70,6 +72,7 @@ case "$mode" in
   host)
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-host --profile-host
     bench --megatron-grouped-gemm --micro-batch 16 ;;
+  bf16-ops) run timeout 400 python3 tests/gpu/bf16_op_errors.py "${@:2}" 2>&1 | tee "$OUT/bf16_ops.log" | grep -E '^\{|Error' | tee -a "$RLINF_GPU_FIGURES" ;;
   optim) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
   optim|resume)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k "save_load or fresh_actor" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
@@ -81,7 +84,7 @@ case "$mode" in
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|bf16-ops|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }

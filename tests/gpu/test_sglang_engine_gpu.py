@@ -115,7 +115,9 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
 
     engine, max_new = tiny["engine"], 12
     original = tiny["load"]("bf16")
+    loaded = engine.weight_checksums()  # the checkpoint's weights, as the engine loaded them
     before = _engine_greedy(tiny, max_new)
+    before_again = _engine_greedy(tiny, max_new)  # the same weights, served twice
     # The random checkpoint's greedy path has near-ties: each engine token must be HF's greedy
     # choice up to bf16 noise (against fp32 HF)
     regret_before = greedy_regret(tiny["load"]("fp32"), tiny["prompts"], before)
@@ -128,6 +130,7 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     for bucket in iter_weight_buckets(model, 4 * 1024 * 1024):
         engine.load_tensors([(n, t.detach().cpu()) for n, t in bucket])
     engine.flush_cache()
+    perturbed_sums = engine.weight_checksums()
     perturbed = _engine_greedy(tiny, max_new)
     regret_perturbed = greedy_regret(copy.deepcopy(model).float(), tiny["prompts"], perturbed)
 
@@ -146,7 +149,11 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     exporter.end()
     engine.resume()
     free_resumed = free_gib()
+    restored_sums = engine.weight_checksums()
     restored = _engine_greedy(tiny, max_new)
+    restored_again = _engine_greedy(tiny, max_new)
+    regret_restored = greedy_regret(tiny["load"]("fp32"), tiny["prompts"], restored)
+    unequal = sorted(n for n in loaded if restored_sums.get(n) != loaded[n])
     record(
         "tiny weight updates (CPU buckets, then CUDA IPC after release/resume) + memory",
         buckets=len(layouts),
@@ -156,6 +163,12 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
         free_gib_resumed=round(free_resumed, 1),
         cpu_path_rows_equal=sum(a == b for a, b in zip(perturbed, expected, strict=True)),
         ipc_path_rows_equal=sum(a == b for a, b in zip(restored, before, strict=True)),
+        tensors_checked=len(loaded),
+        tensors_changed_by_perturbation=sum(perturbed_sums.get(n) != d for n, d in loaded.items()),
+        tensors_unequal_after_ipc_restore=unequal[:5],
+        same_weights_twice_rows_equal=sum(a == b for a, b in zip(before, before_again, strict=True)),
+        restored_twice_rows_equal=sum(a == b for a, b in zip(restored, restored_again, strict=True)),
+        restored_greedy_regret=regret_restored,
         rows=len(expected),
         changed_by_perturbation=sum(a != b for a, b in zip(perturbed, before, strict=True)),
         original_rows_equal_hf_greedy=sum(
@@ -167,6 +180,8 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     assert regret_before <= GREEDY_REGRET_BF16, regret_before
     assert regret_perturbed <= GREEDY_REGRET_BF16 and perturbed != before, regret_perturbed
     assert free_released - free_up > 1.0  # the KV cache pool (~GiBs) went back to the GPU
+    assert not unequal and set(restored_sums) == set(loaded)  # every tensor is the pushed one
+    assert regret_restored <= GREEDY_REGRET_BF16, regret_restored
     assert restored == before
 
 

@@ -23,6 +23,17 @@ def test_engine_methods_take_our_arguments(sglang_installed):
         assert not missing, f"sglang Engine.{method} lacks {missing}; has {list(params)}"
 
 
+def test_weight_checksums_call_exists(sglang_installed):
+    """SGLangEngine.weight_checksums asks the tokenizer manager's check_weights for checksums."""
+    from sglang.srt.managers.io_struct import CheckWeightsReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.utils.weight_checker import WeightChecker
+
+    assert list(inspect.signature(TokenizerManager.check_weights).parameters)[:3] == ["self", "obj", "request"]
+    assert CheckWeightsReqInput(action="checksum").action == "checksum"
+    assert "_compute_checksum" in vars(WeightChecker)
+
+
 def test_server_args_have_every_field_we_set(sglang_installed):
     from sglang.srt.server_args import ServerArgs
 

@@ -266,6 +266,20 @@ class SGLangEngine:
             group_name=group_name, flush_cache=False,
         )  # fmt: skip
 
+    def weight_checksums(self) -> dict[str, str]:
+        """One hash per tensor the engine serves (parameters and buffers, after SGLang's own
+        post-load transforms such as MLA's absorbed w_kc / w_vc), from SGLang's weight checker:
+        two equal maps mean the engine holds the same weights, tensor for tensor."""
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+
+        ok, message, ranks = self._run(
+            self.engine.tokenizer_manager.check_weights(CheckWeightsReqInput(action="checksum"), None)
+        )
+        if not ok or not ranks:
+            raise EngineCallError(f"{self.where}: SGLang check_weights(checksum) failed: {message}")
+        return {f"tp{rank['parallelism_info']['tp_rank']}/{name}": digest
+                for rank in ranks for name, digest in rank["checksums"].items()}  # fmt: skip
+
     def flush_cache(self) -> None:
         """After a weight push: drop the radix cache (KV of prompts under the old weights)."""
         self._call("flush_cache")
