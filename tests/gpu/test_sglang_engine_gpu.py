@@ -106,7 +106,9 @@ def _engine_greedy(t, max_new: int):
 def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     """CPU buckets (object-store path) load perturbed weights; then the colocated path, released
     engine -> resumed weights -> CUDA IPC buckets -> flush -> resumed KV cache, loads the original
-    weights back. Greedy outputs must be HF's greedy choices (up to bf16 near-ties) on each. The CPU path goes first: the IPC exporter
+    weights back: every tensor the engine serves then hashes as it did when loaded from the checkpoint
+    (SGLang's weight checksums). Greedy outputs must be HF's greedy choices (up to bf16 near-ties) on
+    each. The CPU path goes first: the IPC exporter
     patches torch's tensor pickling for CUDA handles (sglang's monkey_patch_torch_reductions), after
     which this process can no longer serialize CPU tensors for SGLang (seen on the H200: IndexError
     in patch_torch.py). In a real run exporter and engine live in different processes."""
@@ -180,9 +182,13 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     assert regret_before <= GREEDY_REGRET_BF16, regret_before
     assert regret_perturbed <= GREEDY_REGRET_BF16 and perturbed != before, regret_perturbed
     assert free_released - free_up > 1.0  # the KV cache pool (~GiBs) went back to the GPU
-    assert not unequal and set(restored_sums) == set(loaded)  # every tensor is the pushed one
+    # The engine serves exactly the pushed weights, tensor for tensor. Its greedy tokens are then
+    # checked as on the other two pushes, by regret against HF, not by equality with `before`: the
+    # same weights served twice in a row, nothing pushed between, already differ on near-tied rows
+    # (seen on the H200: 2 of 4 rows equal; the engine's bf16 path is not run-to-run deterministic),
+    # so equality would test the engine's kernel path, not its weights.
+    assert not unequal and set(restored_sums) == set(loaded)
     assert regret_restored <= GREEDY_REGRET_BF16, regret_restored
-    assert restored == before
 
 
 def test_min_new_tokens_logprobs(tiny, gpu_tiny):
