@@ -24,7 +24,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_megatron_actor import actor_config, free, hf_logprobs, synthetic_batch, vocab_of  # noqa: E402
+from test_megatron_actor import (  # noqa: E402
+    LOGPROB_ROWS,
+    actor_config,
+    free,
+    hf_logprobs,
+    synthetic_batch,
+    vocab_of,
+)
 
 VARIANTS = {
     "default": {},
@@ -56,7 +63,7 @@ def hf_trace(path: Path, precision: str, tokens: torch.Tensor) -> dict[str, torc
 
     def keep(name, pick=lambda out: out):
         def hook(_module, _inputs, out):
-            trace[name] = pick(out).detach().float()
+            trace[name] = pick(out).detach().float().clone()  # fp32: a later in-place op reuses it
 
         return hook
 
@@ -95,7 +102,7 @@ def megatron_trace(path: Path, precision: str, tokens: torch.Tensor) -> dict[str
 
     def keep(name, pick):
         def hook(_module, _inputs, out):
-            trace[name] = pick(out).detach().float()
+            trace[name] = pick(out).detach().float().clone()  # fp32: a later in-place op reuses it
 
         return hook
 
@@ -158,16 +165,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/rlinf-gpu-ckpt/gpu-tiny-random"))
     parser.add_argument("--variants", type=json.loads, default=VARIANTS)
+    parser.add_argument("--rows", type=int, default=LOGPROB_ROWS, help="rows of the test's synthetic batch")
+    parser.add_argument("--no-trace", action="store_true", help="only the test's figure per variant")
     args = parser.parse_args()
     if not (args.checkpoint / "tiny_build.json").is_file():
         from rlinf.models.tiny import GPU_TINY_SETTINGS, build_tiny_checkpoint
 
         build_tiny_checkpoint(args.checkpoint, GPU_TINY_SETTINGS, bootstrap=False)
-    tokens = full_rows(vocab_of(args.checkpoint))
-    hf32, hf16 = hf_trace(args.checkpoint, "fp32", tokens), hf_trace(args.checkpoint, "bf16", tokens)
+    if not args.no_trace:
+        trace(args.checkpoint)
+    figures(args.checkpoint, args.variants, args.rows)
+
+
+def trace(checkpoint: Path) -> None:
+    tokens = full_rows(vocab_of(checkpoint))
+    hf32, hf16 = hf_trace(checkpoint, "fp32", tokens), hf_trace(checkpoint, "bf16", tokens)
     meg32, meg16 = (
-        megatron_trace(args.checkpoint, "fp32", tokens),
-        megatron_trace(args.checkpoint, "bf16", tokens),
+        megatron_trace(checkpoint, "fp32", tokens),
+        megatron_trace(checkpoint, "bf16", tokens),
     )
     rows = {
         "hf_bf16_vs_hf_fp32": errors(hf16, hf32),
@@ -177,18 +192,21 @@ def main() -> None:
     }
     for point in hf32:
         print(json.dumps({"point": point, **{k: round(v[point], 6) for k, v in rows.items()}}), flush=True)
-    batch = synthetic_batch(vocab_of(args.checkpoint), response=32)
-    exact = hf_logprobs(args.checkpoint, "fp32", batch)
-    hf_noise = (hf_logprobs(args.checkpoint, "bf16", batch) - exact)[batch.response_mask].abs().mean().item()
+
+
+def figures(checkpoint: Path, variants: dict, rows: int) -> None:
+    batch = synthetic_batch(vocab_of(checkpoint), rows=rows, response=32)
+    exact = hf_logprobs(checkpoint, "fp32", batch)
+    hf_noise = (hf_logprobs(checkpoint, "bf16", batch) - exact)[batch.response_mask].abs().mean().item()
     from benchmarks.actor_throughput import parse_setting
 
-    for name, settings in args.variants.items():
+    for name, settings in variants.items():
         overrides = {}
         for key, value in settings.items():
             overrides.update(parse_setting(f"{key}={value}"))
         try:
-            figure = test_figure(args.checkpoint, overrides, exact, batch)
-            print(json.dumps({"variant": name, "mean_abs_diff": figure, "hf_bf16_noise": hf_noise,
+            figure = test_figure(checkpoint, overrides, exact, batch)
+            print(json.dumps({"variant": name, "rows": rows, "mean_abs_diff": figure, "hf_bf16_noise": hf_noise,
                               "ratio": figure / hf_noise}), flush=True)  # fmt: skip
         except Exception as error:  # a setting this build refuses: name it, go on
             print(
