@@ -11,9 +11,8 @@ describes the layer specs, precision and offload.
 from __future__ import annotations
 
 import logging
+import math
 import os
-import time
-from contextlib import contextmanager
 
 import torch
 
@@ -21,6 +20,7 @@ from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
 from rlinf.config.schema import Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.workers.actor.base import ActorWorker, WeightBucket
+from rlinf.workers.actor.megatron_forward import MegatronForward
 from rlinf.workers.actor.megatron_state import MegatronActorState
 from rlinf.workers.actor.policy_update import (
     DPInfo,
@@ -45,21 +45,7 @@ def _set_default_dist_env(rank: int, world_size: int) -> None:
     os.environ.setdefault("MASTER_PORT", "29511")
 
 
-@contextmanager
-def loss_scale_frozen(optimizer):
-    """The fp16 loss scalers of a megatron (chained) optimizer keep their scale and counters."""
-    parts = getattr(optimizer, "chained_optimizers", [optimizer])
-    scalers = list({id(s): s for p in parts if (s := getattr(p, "grad_scaler", None)) is not None}.values())
-    for scaler in scalers:
-        scaler.update = lambda found_inf: None  # shadows the class's method on this instance
-    try:
-        yield
-    finally:
-        for scaler in scalers:
-            del scaler.update
-
-
-class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
+class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpdateBackend):
     INITS_PROCESS_GROUP = True
 
     def __init__(self, cfg: Config, *, rank: int = 0, world_size: int = 1, device: str = "cuda") -> None:
@@ -178,31 +164,6 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
 
             self.routing = MegatronRoutingReplay(self.model[0])
 
-    def _replay_routing(self, micro: RolloutBatch, width: int, packed: bool) -> None:
-        """Lay the micro-batch's recorded experts out in the routers' token order of this forward
-        (right-padded or packed THD, `width` columns; this rank's chunk under sequence parallelism)."""
-        if self.routing is None:
-            return
-        from rlinf.data.routing import has_routing, packed_thd_targets, right_padded_targets
-
-        if not has_routing(micro):
-            raise ValueError(
-                f"algorithm.routing_replay.mode={self.routing_mode}: the batch carries no recorded experts"
-            )
-        started = time.perf_counter()
-        split = self.cfg.actor.model.sequence_parallel and self.tp_size > 1
-        layout = packed_thd_targets if packed else right_padded_targets
-        targets, recorded = layout(
-            micro, width, tp_rank=self.tp_rank if split else 0, tp_size=self.tp_size if split else 1
-        )
-        self.routing.set_targets(
-            targets.to(self.device),
-            recorded.to(self.device),
-            force=self.routing_mode == "replay",
-            count=self.routing_counting,
-        )
-        self.routing_seconds += time.perf_counter() - started
-
     def _pop_routing_seconds(self) -> float:
         seconds = self.routing_seconds + (self.routing.pop_seconds() if self.routing is not None else 0.0)
         self.routing_seconds = 0.0
@@ -246,97 +207,12 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
         config.no_sync_func = self.model[0].no_sync
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
+        self.prepared_norm: tuple[float, float] | None = None  # (grad norm, max norm) of prepared grads
 
     # --- forward -----------------------------------------------------------------------------------
 
     def dp_info(self) -> DPInfo:
         return self.dp
-
-    def _right_padded(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded tokens [b, T] (prompt then all R response columns) and each row's prompt length."""
-        prompt_lens = micro.prompt_mask.sum(1)
-        width = micro.prompt_ids.shape[1]
-        r = micro.response_ids.shape[1]
-        total = int(prompt_lens.max()) + r
-        multiple = self.tp_size if self.cfg.actor.model.sequence_parallel else 1
-        total = -(-total // multiple) * multiple
-        tokens = torch.zeros(len(micro), total, dtype=torch.long)
-        for i, p in enumerate(prompt_lens.tolist()):
-            tokens[i, :p] = micro.prompt_ids[i, width - p :]
-            tokens[i, p : p + r] = micro.response_ids[i]
-        return tokens, prompt_lens
-
-    def _packed_thd(self, micro: RolloutBatch):
-        """(tokens [1, T], positions [1, T], PackedSeqParams, index [N]): every row's real tokens
-        back to back (THD, positions restarting per sequence), padded at the end to a multiple of
-        TP under sequence parallelism by one more sequence; `index` is the packed position that
-        predicts each real response token, in row-major order."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        from rlinf.models.logprobs import pack_rows, packed_predictors
-
-        mask = torch.cat([micro.prompt_mask.bool(), micro.response_mask.bool()], dim=1)
-        kwargs, where = pack_rows(torch.cat([micro.prompt_ids, micro.response_ids], dim=1), mask)
-        index = packed_predictors(where, micro.prompt_ids.shape[1], micro.response_mask)
-        lengths = mask.sum(1).tolist()
-        tokens, positions = kwargs["input_ids"], kwargs["position_ids"]
-        multiple = self.tp_size if self.cfg.actor.model.sequence_parallel else 1
-        pad = -sum(lengths) % multiple
-        if pad:
-            tokens = torch.cat([tokens, tokens.new_zeros(1, pad)], dim=1)
-            positions = torch.cat([positions, torch.arange(pad)[None]], dim=1)
-            lengths.append(pad)
-        bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(self.device)
-        params = PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=bounds,
-            cu_seqlens_kv=bounds,
-            max_seqlen_q=max(lengths),
-            max_seqlen_kv=max(lengths),
-        )
-        return tokens.to(self.device), positions.to(self.device), params, index.to(self.device)
-
-    def _logits(self, model, tokens: torch.Tensor, positions: torch.Tensor, **extra) -> torch.Tensor:
-        """Vocab-parallel logits [b, T, V / TP], kept in the compute dtype (Float16Module's
-        fp32_output off); logprobs.py upcasts chunk by chunk."""
-        half = {"fp32_output": False} if self.cfg.actor.model.precision != "fp32" else {}
-        return model(input_ids=tokens, position_ids=positions, attention_mask=None, **extra, **half)
-
-    def _tempered(self, picked: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tempered logprobs and entropy of `targets` under the picked vocab-parallel logits."""
-        from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
-
-        return vocab_parallel_logprobs(
-            picked, targets, temperature=self.temperature, vocab_start=self.tp_rank * picked.shape[-1],
-            group=self.tp_group,
-        )  # fmt: skip
-
-    def _packed_logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_logprobs` over one packed row: the forward runs the rows' real tokens only."""
-        tokens, positions, params, index = self._packed_thd(micro)
-        self._replay_routing(micro, tokens.shape[1], packed=True)
-        logits = self._logits(model, tokens, positions, packed_seq_params=params)
-        mask = micro.response_mask.to(self.device).bool()
-        logprobs, entropy = self._tempered(logits[:, index], micro.response_ids.to(self.device)[mask][None])
-        zeros = torch.zeros(mask.shape, dtype=logprobs.dtype, device=self.device)
-        return zeros.masked_scatter(mask, logprobs[0]), zeros.masked_scatter(mask, entropy[0])
-
-    def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tempered logprobs and entropy [b, R] of the response tokens (0 where masked)."""
-        if self.cfg.actor.pack_sequences:
-            return self._packed_logprobs(model, micro)
-        tokens, prompt_lens = self._right_padded(micro)
-        self._replay_routing(micro, tokens.shape[1], packed=False)
-        tokens = tokens.to(self.device)
-        positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
-        logits = self._logits(model, tokens, positions)
-        r = micro.response_ids.shape[1]
-        # Column p - 1 + j (the token before response token j) predicts response token j.
-        index = (prompt_lens.to(self.device) - 1)[:, None] + torch.arange(r, device=self.device)[None]
-        picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
-        logprobs, entropy = self._tempered(picked, micro.response_ids.to(self.device))
-        mask = micro.response_mask.to(self.device).bool()
-        return logprobs.masked_fill(~mask, 0.0), entropy.masked_fill(~mask, 0.0)
 
     @torch.no_grad()
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -345,8 +221,12 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
         plan = micro_batch_rows(self, rows, self.settings)
         self._pop_routing_seconds()
         self.routing_counting = True
+
+        def forward(micros: list[RolloutBatch]):
+            return (self._forward(self.model[0], inputs)[0] for _, inputs in self._stage(micros))
+
         try:
-            old = logprobs_in_row_order(rows, plan, lambda micro: self._logprobs(self.model[0], micro)[0])
+            old = logprobs_in_row_order(rows, plan, forward)
         finally:
             self.routing_counting = False
             if self.routing is not None:
@@ -379,8 +259,8 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
         num = len(micros)
 
         def forward_step(data_iterator, model):
-            micro = next(data_iterator)
-            logprobs, entropy = self._logprobs(model, micro)
+            micro, inputs = next(data_iterator)
+            logprobs, entropy = self._forward(model, inputs)
 
             def loss_func(_output):
                 out = loss_fn(micro, logprobs, entropy)
@@ -393,7 +273,7 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
 
         get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(micros),
+            data_iterator=iter(self._stage(micros, loss_fields=True)),
             model=self.model,
             num_microbatches=num,
             seq_length=max(int(m.prompt_mask.sum(1).max()) + m.response_ids.shape[1] for m in micros),
@@ -416,23 +296,33 @@ class MegatronActor(MegatronActorState, ActorWorker, PolicyUpdateBackend):
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.prepared_norm = None
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """The global pre-clip grad norm; the clipping itself happens inside optimizer.step()."""
+        """The global pre-clip grad norm, read on the host once: the grads are prepared (copied to
+        the main grads, fp16 unscaled: the loss scaler moves here, once per step) and
+        `optimizer_step` clips by this norm and steps with these grads."""
         found_inf = self.optimizer.prepare_grads()
-        if found_inf:
-            return float("inf")
-        norm = self.optimizer.get_grad_norm()
-        return float("nan") if norm is None else float(norm)
+        norm = float("inf") if found_inf else self.optimizer.get_grad_norm()
+        self.prepared_norm = (float("nan") if norm is None else float(norm), max_norm)
+        return self.prepared_norm[0]
 
     def optimizer_step(self) -> None:
+        """Clip (only when the coefficient is below 1) and step with the grads `clip_grad_norm`
+        prepared; called on its own, it prepares them first (actor.optim.clip_grad)."""
+        from rlinf.models.megatron.clip import clip_main_grads
+
         lr = self.cfg.actor.optim.lr * self.lr_at(self.optimizer_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        # step() prepares the grads again (copy to the main grads, unscale): the same values as in
-        # clip_grad_norm, but fp16's loss scaler must move once per step, and it already has.
-        with loss_scale_frozen(self.optimizer):
-            self.optimizer.step()
+        if self.prepared_norm is None:
+            self.clip_grad_norm(self.cfg.actor.optim.clip_grad)
+        assert self.prepared_norm is not None
+        norm, max_norm = self.prepared_norm
+        self.prepared_norm = None
+        if math.isfinite(norm):  # as megatron's step(), which steps nothing after an fp16 overflow
+            clip_main_grads(self.optimizer, max_norm, norm)
+            self.optimizer.step_with_ready_grads()
         self.optimizer_steps += 1
 
     def current_lr(self) -> float:

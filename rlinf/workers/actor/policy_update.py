@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,7 @@ from rlinf.algorithms import LossNormalizer, compute_policy_loss, reduce_metrics
 from rlinf.config.schema import AlgorithmConfig, Config
 from rlinf.data.batch import RolloutBatch
 from rlinf.workers.actor.micro_batches import RowLength, min_micro_batches, plan_micro_batches
+from rlinf.workers.actor.staging import scalars_to_host
 
 
 class TrainingDivergedError(RuntimeError):
@@ -187,7 +188,8 @@ def run_policy_update(
         )
         backend.zero_grad()
         loss_fn = _loss_fn(backend, settings.algorithm, normalizer)
-        metrics = all_reduce_metrics(backend, reduce_metrics(backend.forward_backward(micros, loss_fn)))
+        per_micro = scalars_to_host(backend.forward_backward(micros, loss_fn))  # one device->host read
+        metrics = all_reduce_metrics(backend, reduce_metrics(per_micro))
         if should_early_stop(metrics["actor/ratio_mean"], settings.algorithm.early_stop_imp_ratio):
             backend.zero_grad()
             early_stopped += 1
@@ -243,15 +245,18 @@ def row_lengths(batch: RolloutBatch) -> list[RowLength]:
 def logprobs_in_row_order(
     batch: RolloutBatch,
     plan: Sequence[Sequence[int]],
-    forward: Callable[[RolloutBatch], torch.Tensor],
+    forward: Callable[[list[RolloutBatch]], Iterable[torch.Tensor]],
 ) -> torch.Tensor:
-    """`forward(trimmed micro-batch) -> [b, r]` over the micro-batches of `plan`, each written back
-    at its rows: [len(batch), R] float32 on the CPU in the batch's own row order, 0 beyond a
-    micro-batch's trimmed width."""
+    """`forward(trimmed micro-batches) -> one [b, r] tensor each` over the micro-batches of `plan`,
+    each written back at its rows: [len(batch), R] float32 on the CPU in the batch's own row order,
+    0 beyond a micro-batch's trimmed width. The values come back to the host in one transfer."""
+    micros = [batch.select(list(rows)).trimmed() for rows in plan]
+    values = [v.float() for v in forward(micros)]
+    flat = torch.cat([v.reshape(-1) for v in values]).cpu() if values else torch.zeros(0)
     out = torch.zeros(len(batch), batch.response_ids.shape[1])
-    for rows in plan:
-        values = forward(batch.select(list(rows)).trimmed())
-        out[list(rows), : values.shape[1]] = values.float().cpu()
+    for rows, part in zip(plan, flat.split([v.numel() for v in values]), strict=True):
+        b, r = len(rows), part.numel() // max(1, len(rows))
+        out[list(rows), :r] = part.reshape(b, r)
     return out
 
 

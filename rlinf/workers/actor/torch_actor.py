@@ -164,7 +164,9 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
     def _recompute(self, model: torch.nn.Module, batch: RolloutBatch, plan: list[list[int]]) -> torch.Tensor:
         model.eval()
         count = model is self.model  # routing agreement of the policy, not of the reference
-        return logprobs_in_row_order(batch, plan, lambda micro: self._logprobs(model, micro, count=count)[0])
+        return logprobs_in_row_order(
+            batch, plan, lambda micros: (self._logprobs(model, m, count=count)[0] for m in micros)
+        )
 
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         plan = micro_batch_rows(self, rows, self.settings)
