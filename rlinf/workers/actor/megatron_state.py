@@ -101,9 +101,10 @@ class MegatronActorState:
             if was_offloaded:
                 self.offload()
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> int:
         with self._resident():
             self._save(directory)
+        return self.optimizer_steps
 
     def load(self, directory: str) -> None:
         with self._resident():
