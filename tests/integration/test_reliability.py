@@ -81,7 +81,6 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     full, split = _history(tmp_path / "full" / "logs"), _history(tmp_path / "split" / "logs")
     for step in (3, 4):
         assert _comparable(split[step]) == _comparable(full[step]), f"step {step} differs after resume"
-        assert full[step]["actor/grad_norm"] > 0  # the steps trained: a schedule change would show
     assert split[3]["actor/lr"] == full[3]["actor/lr"] < 1e-2  # the cosine schedule continued
     # the data position continued too: the final checkpoints hold the same loader state
     full_state = json.loads(
