@@ -60,7 +60,8 @@ class ResolvedLRSchedule:
 
 
 def resolved_lr_schedule(cfg: Config) -> ResolvedLRSchedule:
-    """The one place both actors' schedule and the checkpoint's record of it come from."""
+    """The values `lr_multiplier_from_config(cfg)` (both actors' schedule) computes with; what a
+    checkpoint records of its schedule (rlinf.runners.lr_resume)."""
     s, peak = cfg.actor.lr_sched, cfg.actor.optim.lr
     if s.lr_decay_style == "constant":
         return ResolvedLRSchedule("constant", peak, None, None, None)

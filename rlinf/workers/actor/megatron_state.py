@@ -33,9 +33,9 @@ def _without_psutil_memory_log() -> None:
 
 def _with_peak_lr(optimizer_state: object, lr: float) -> None:
     """megatron pairs the saved param groups with the optimizer's by their settings, max_lr and
-    min_lr among them (both optim.lr: rlinf.config.megatron_settings). rlinf sets each step's LR itself from the
-    schedule, so those two only name the group: set to this run's, a run resumed with another
-    optim.lr (actor.lr_sched.on_resume=override) finds its groups."""
+    min_lr among them (both optim.lr: rlinf.config.megatron_settings). rlinf sets each step's LR
+    itself from the schedule, so those two only name the group: set to this run's, a run resumed
+    with another optim.lr (actor.lr_sched.on_resume=override) finds its groups."""
     if isinstance(optimizer_state, dict):
         for key, value in optimizer_state.items():
             if key == "param_groups" and isinstance(value, list):
