@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from rlinf.config.schema import Config
+from rlinf.config.schema import Config, LRDecayStyle
 
 
 def lr_multiplier(
@@ -43,6 +44,32 @@ def lr_decay_steps(cfg: Config) -> int:
     if given is not None:
         return given
     return max(cfg.runner.max_steps, 0) * optimizer_steps_per_step(cfg)
+
+
+@dataclass(frozen=True)
+class ResolvedLRSchedule:
+    """The schedule a config trains with, every derived value worked out: what a checkpoint records
+    and a resumed run compares. A value the style does not use is None, so that a change to it (say,
+    runner.max_steps under a constant LR) is no difference."""
+
+    style: LRDecayStyle
+    peak_lr: float
+    warmup_steps: int | None  # None: constant
+    decay_steps: int | None  # None: no decay (constant, warmup_constant)
+    min_lr: float | None  # the floor, peak_lr x min_lr_ratio; None: no decay
+
+
+def resolved_lr_schedule(cfg: Config) -> ResolvedLRSchedule:
+    """The values `lr_multiplier_from_config(cfg)` (both actors' schedule) computes with; what a
+    checkpoint records of its schedule (rlinf.runners.lr_resume)."""
+    s, peak = cfg.actor.lr_sched, cfg.actor.optim.lr
+    if s.lr_decay_style == "constant":
+        return ResolvedLRSchedule("constant", peak, None, None, None)
+    if s.lr_decay_style == "warmup_constant":
+        return ResolvedLRSchedule("warmup_constant", peak, s.lr_warmup_steps, None, None)
+    return ResolvedLRSchedule(
+        s.lr_decay_style, peak, s.lr_warmup_steps, lr_decay_steps(cfg), peak * s.min_lr_ratio
+    )
 
 
 def lr_multiplier_from_config(cfg: Config) -> Callable[[int], float]:

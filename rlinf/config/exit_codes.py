@@ -8,7 +8,8 @@ OK = 0
 RUN_FAILED = 1  # a worker failed or died during the run; the message names the last good checkpoint
 # (bad input a worker finds itself, e.g. a corrupt shard only the actor reads, exits with its own code)
 CONFIG = 2  # the recipe or an override: unknown key, wrong type, a cross-field rule, an ignored key;
-# also an output folder another run holds or that cannot be written, and a resume past runner.max_steps
+# also an output folder another run holds or that cannot be written, a resume past runner.max_steps, and
+# a resume whose LR schedule differs from the checkpoint's (actor.lr_sched.on_resume)
 BACKEND = 3  # the recipe's backend is not installed (or not shipped) on this machine
 DATA = 4  # a data file, a record, or prompts that cannot form a batch (e.g. all too long)
 CHECKPOINT = 5  # runner.resume_dir: missing, incomplete, corrupt or from an incompatible run; a failed save
@@ -32,7 +33,8 @@ TABLE = (  # (code, name, meaning)
         CONFIG,
         "config",
         "recipe error: unknown key, wrong type, a number out of its range (NaN, inf), a broken cross-field "
-        "rule, a key the chosen backend or data type ignores, a resume past runner.max_steps; or an output "
+        "rule, a key the chosen backend or data type ignores, a resume past runner.max_steps or with an LR "
+        "schedule other than the checkpoint's (without actor.lr_sched.on_resume); or an output "
         "folder (checkpoints, logs) that another run holds (stderr names its PID and host) or that cannot be "
         "written (stderr names the folder and the OS error), found before Ray starts",
     ),

@@ -222,6 +222,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
         f"actor.lr_sched.{leaf}": (TORCH_ACTOR.reads(LR_SCHEDULE), MEGATRON_ACTOR.reads(LR_SCHEDULE))
         for leaf in ("lr_decay_style", "lr_warmup_steps", "lr_decay_steps", "min_lr_ratio")
     },
+    # The driver compares the schedules before Ray starts and hands the actors the config to follow.
+    "actor.lr_sched.on_resume": (ANY.reads("rlinf.runners.lr_resume"),),
     "actor.offload_between_phases": (COLOCATED_ON_GPU.reads(RUNNER),),
     "actor.num_workers": (TORCH_ACTOR.reads("rlinf.scheduler.roles"),),
     # CPU threads of the embedded workers (both run torch ops on the CPU when there is no GPU).

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Precision = Literal["fp32", "bf16", "fp16"]
+LRDecayStyle = Literal["constant", "warmup_constant", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,14 @@ class OptimConfig:
 @dataclass(frozen=True)
 class LRSchedulerConfig:
     # doc: LR schedule: constant; warmup_constant (linear warmup, then the peak); cosine (the same warmup, then a half cosine from optim.lr to optim.lr x min_lr_ratio over lr_decay_steps)
-    lr_decay_style: Literal["constant", "warmup_constant", "cosine"] = "constant"
+    lr_decay_style: LRDecayStyle = "constant"
     lr_warmup_steps: int = 0  # doc: linear warmup optimizer steps
     # doc: cosine: optimizer steps (warmup included) at whose end the LR reaches its floor; null = the run's, runner.max_steps x minibatches per step
     lr_decay_steps: int | None = None
-    min_lr_ratio: float = (
-        0.0  # doc: cosine: the LR's floor as a fraction of optim.lr, reached at lr_decay_steps and held
-    )
+    # doc: cosine: the LR's floor as a fraction of optim.lr, reached at lr_decay_steps and held
+    min_lr_ratio: float = 0.0
+    # doc: resuming a checkpoint whose recorded LR schedule (style, optim.lr, warmup, decay steps, floor) differs from this run's: error stops before Ray, naming the differences; use_checkpoint keeps the checkpoint's schedule; override follows this run's from the checkpoint's optimizer step (Megatron-LM's --use-checkpoint-opt_param-scheduler / --override-opt_param-scheduler)
+    on_resume: Literal["error", "use_checkpoint", "override"] = "error"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Run checkpoints: actor state + data position + step + resolved config (+ the groups a partial
-rollout carries into the next step), saved atomically; resume."""
+"""Run checkpoints: actor state + data position + step + the LR schedule trained with + resolved
+config (+ the groups a partial rollout carries into the next step), saved atomically; resume."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import yaml
 
+from rlinf.algorithms.lr_schedule import ResolvedLRSchedule
 from rlinf.config.loader import save_resolved_config
 from rlinf.config.placement import parse_placement
 from rlinf.config.schema import Config
 from rlinf.config.typed import ConfigError, to_dict
 from rlinf.data.prompt_loader import PromptLoader
+from rlinf.runners.lr_resume import RECORD_KEY, lr_schedule_record, read_lr_schedule_record
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.checkpoint import CheckpointError, CheckpointManager, check_complete, check_weight_files
 from rlinf.utils.metrics import MetricLogger
@@ -60,6 +62,8 @@ class ResumePoint:
     step: int  # the run continues after this step
     data_state: dict
     carried: tuple[GroupInFlight, ...] = ()  # data.partial_rollout: the groups for the next step
+    # The LR schedule and optimizer steps it recorded (rlinf.runners.lr_resume); None: not recorded
+    lr_schedule: tuple[ResolvedLRSchedule, int] | None = None
 
 
 def find_resume_point(cfg: Config, loader: PromptLoader) -> ResumePoint | None:
@@ -76,6 +80,7 @@ def find_resume_point(cfg: Config, loader: PromptLoader) -> ResumePoint | None:
         step, data_state = int(state["step"]), dict(state["data"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{state_file}: unreadable runner state: {err}") from None
+    lr_schedule = read_lr_schedule_record(state, state_file)
     _check_compatible(cfg, path / "resolved_config.yaml")
     try:
         loader.load_state_dict(data_state)
@@ -83,7 +88,7 @@ def find_resume_point(cfg: Config, loader: PromptLoader) -> ResumePoint | None:
         raise CheckpointError(f"{state_file}: {err}") from None
     check_weight_files(path / ACTOR_DIR)
     carried = _read_carried(path / CARRIED_GROUPS_FILE) if cfg.data.partial_rollout else ()
-    return ResumePoint(path, step, data_state, carried)
+    return ResumePoint(path, step, data_state, carried, lr_schedule)
 
 
 def _read_carried(path: Path) -> tuple[GroupInFlight, ...]:
@@ -224,8 +229,12 @@ class RunCheckpointer:
             return self.last_saved
 
         def write(tmp: Path) -> None:
-            self.roles.actor.save(str(tmp / ACTOR_DIR))  # collective: every rank writes its shard
-            state = {"step": step, "data": self.loader.state_dict()}
+            optimizer_steps = self.roles.actor.save(str(tmp / ACTOR_DIR))  # collective: every rank writes
+            state = {
+                "step": step,
+                "data": self.loader.state_dict(),
+                RECORD_KEY: lr_schedule_record(self.cfg, optimizer_steps),
+            }
             (tmp / RUNNER_STATE_FILE).write_text(json.dumps(state, indent=1))
             if self.cfg.data.partial_rollout:
                 (tmp / CARRIED_GROUPS_FILE).write_text(json.dumps(groups_to_json(carried)))

@@ -127,6 +127,7 @@ def _run(cfg) -> int:
     from rlinf.models.tiny import resolve_model_path
     from rlinf.runners.checkpointing import find_resume_point, steps_left
     from rlinf.runners.data_setup import build_datasets
+    from rlinf.runners.lr_resume import config_on_resume
     from rlinf.runners.output_setup import held_output_folders
 
     # Built (or fetched from cache) here, so its progress bar shows in this console; the workers
@@ -158,6 +159,8 @@ def _run(cfg) -> int:
                 "(runner.max_steps / runner.max_epochs); raise runner.max_steps to train further"
             )
             return exit_codes.OK
+        if point is not None:
+            cfg = config_on_resume(cfg, point.lr_schedule, point.path)
         return _train(cfg, train_set, val_set, data_counters, point)
 
 

@@ -154,8 +154,9 @@ class ActorGroup(GroupFacade):
             results = self.group.call("train", ray.put(batch), step)
         return results[self.reporting_ranks[0]]
 
-    def save(self, directory: str) -> None:
-        self.group.call("save", directory)
+    def save(self, directory: str) -> int:
+        """Collective; returns the optimizer steps the saved state has taken."""
+        return self.group.call("save", directory)[self.reporting_ranks[0]]
 
     def load(self, directory: str) -> None:
         self.group.call("load", directory)

@@ -1,5 +1,7 @@
-"""Shared fixtures: a random-init tiny checkpoint (no warm start) and one local Ray session."""
+"""Shared fixtures: a random-init tiny checkpoint (no warm start), one local Ray session, and a
+finished two-step run to resume."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,23 @@ def small_run_overrides(checkpoint: Path, out: Path, **extra) -> list[str]:
 
 def small_config(checkpoint: Path, out: Path, **extra):
     return load_config("tiny-moe-grpo-cpu", small_run_overrides(checkpoint, out, **extra))
+
+
+@pytest.fixture(scope="session")
+def saved_run(random_tiny_checkpoint, tmp_path_factory, ray_session) -> Path:
+    """A finished two-step run saved at both steps; each test gets a copy of its output folder
+    (`copy_saved_run`) to spoil or to resume."""
+    from rlinf.runners.main import run
+
+    out = tmp_path_factory.mktemp("saved_run")
+    assert (
+        run(small_config(random_tiny_checkpoint, out, **{"runner.max_steps": 2, "runner.save_interval": 1}))
+        == 0
+    )
+    return out
+
+
+def copy_saved_run(saved_run: Path, tmp_path: Path) -> Path:
+    """The latest checkpoint (step_2) of a copy of the saved run; step_1 is complete too."""
+    shutil.copytree(saved_run, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "results" / "it" / "checkpoints" / "step_2"

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlinf.config import exit_codes
-from rlinf.runners.main import run
-from tests.integration.conftest import small_config, small_run_overrides
+from tests.integration.conftest import copy_saved_run, small_run_overrides
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -200,23 +199,6 @@ def test_a_bad_data_file_gives_one_line(tmp_path, make):
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # nothing written
 
 
-@pytest.fixture(scope="module")
-def saved_run(random_tiny_checkpoint, tmp_path_factory, ray_session) -> Path:
-    """A finished two-step run saved at both steps; each test gets a copy of its output folder to spoil."""
-    out = tmp_path_factory.mktemp("saved_run")
-    assert (
-        run(small_config(random_tiny_checkpoint, out, **{"runner.max_steps": 2, "runner.save_interval": 1}))
-        == 0
-    )
-    return out
-
-
-def _copy(saved_run: Path, tmp_path: Path) -> Path:
-    """The latest checkpoint (step_2) of a copy of the saved run; step_1 is complete too."""
-    shutil.copytree(saved_run, tmp_path, dirs_exist_ok=True)
-    return tmp_path / "results" / "it" / "checkpoints" / "step_2"
-
-
 def _truncate_weights(checkpoint: Path) -> Path:
     weights = checkpoint / "actor" / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
@@ -260,7 +242,7 @@ def _other_data_size(checkpoint: Path) -> Path:
     ids=["truncated-weights", "incomplete", "data-changed", "incompatible", "missing"],
 )
 def test_bad_checkpoint_on_resume(saved_run, random_tiny_checkpoint, tmp_path, spoil, extra, fragment):
-    checkpoint = _copy(saved_run, tmp_path)
+    checkpoint = copy_saved_run(saved_run, tmp_path)
     named = spoil(checkpoint)
     extra = {k: str(v).format(checkpoint=checkpoint, root=checkpoint.parent) for k, v in extra.items()}
     before = sorted(str(p) for p in tmp_path.rglob("*"))
@@ -282,14 +264,17 @@ def test_a_resume_that_fails_in_the_worker_names_the_checkpoint_before_it(
 ):
     """The actor's optimizer state is read only by the worker: its failure names the last good
     checkpoint, the complete one before the checkpoint that could not be loaded."""
-    checkpoint = _copy(saved_run, tmp_path)
+    checkpoint = copy_saved_run(saved_run, tmp_path)
     state = checkpoint / "actor" / "actor_state.pt"
     state.write_bytes(b"not a torch file")
     root = checkpoint.parent
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     history = (tmp_path / "logs" / "metrics.jsonl").read_text()
+    # A third step changes the schedule's decay length (runner.max_steps): follow the new one.
     overrides = small_run_overrides(
-        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 3, "runner.resume_dir": "auto"}
+        random_tiny_checkpoint,
+        tmp_path,
+        **{"runner.max_steps": 3, "runner.resume_dir": "auto", "actor.lr_sched.on_resume": "override"},
     )
     proc = main_grpo(tmp_path, *overrides)
     output = proc.stdout + proc.stderr
@@ -303,3 +288,26 @@ def test_a_resume_that_fails_in_the_worker_names_the_checkpoint_before_it(
     ), proc.stderr
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing lost
     assert (tmp_path / "logs" / "metrics.jsonl").read_text() == history
+
+
+def test_extending_a_run_whose_lr_decay_follows_max_steps_stops_with_the_ways_on(
+    saved_run, random_tiny_checkpoint, tmp_path
+):
+    """The tiny recipe's cosine decays over runner.max_steps: the 2-step run recorded 4 optimizer
+    steps, a 4-step run plans 8. Without actor.lr_sched.on_resume the resume is refused."""
+    checkpoint = copy_saved_run(saved_run, tmp_path)
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
+    overrides = small_run_overrides(
+        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 4, "runner.resume_dir": "auto"}
+    )
+    line = assert_refused(
+        main_grpo(tmp_path, *overrides),
+        exit_codes.CONFIG,
+        "config error",
+        f"this run's LR schedule differs from the one {checkpoint} recorded",
+        "decay_steps: 4 in the checkpoint, 8 in this run (actor.lr_sched.lr_decay_steps; null: runner.max_steps",
+        "actor.lr_sched.on_resume=use_checkpoint to keep the checkpoint's schedule",
+        "actor.lr_sched.on_resume=override to follow this run's from optimizer step 4 on",
+    )
+    assert line.count("in the checkpoint") == 1  # the one value that differs
+    assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written

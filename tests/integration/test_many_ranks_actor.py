@@ -136,7 +136,12 @@ def test_a_run_with_two_actor_workers_trains_checkpoints_and_resumes(
 
     from rlinf.runners.main import run
 
-    common = {"actor.num_workers": 2, "runner.val_check_interval": 0, "runner.save_interval": 1}
+    common = {
+        "actor.num_workers": 2,
+        "runner.val_check_interval": 0,
+        "runner.save_interval": 1,
+        "actor.lr_sched.lr_decay_steps": 8,  # the same LR schedule when the resume extends the run
+    }
     assert run(small_config(random_tiny_checkpoint, tmp_path, **{**common, "runner.max_steps": 1})) == 0
     resumed = {**common, "runner.max_steps": 2, "runner.resume_dir": "auto"}
     assert run(small_config(random_tiny_checkpoint, tmp_path, **resumed)) == 0

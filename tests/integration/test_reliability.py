@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,20 +38,33 @@ def _rows(logs: Path) -> list[dict]:
 def test_resumed_run_repeats_the_uninterrupted_one(
     random_tiny_checkpoint, tmp_path, ray_session, capsys, caplog
 ):
+    """A 4-step run stopped after step 2 and resumed with the same config repeats the uninterrupted
+    run, the recipe's cosine decaying over runner.max_steps x 2 optimizer steps throughout."""
     import logging
 
     caplog.set_level(logging.INFO, logger="rlinf.runners.checkpointing")
     common = {"runner.max_steps": 4, "runner.save_interval": 2, "actor.optim.lr": 1e-2}
     assert run(small_config(random_tiny_checkpoint, tmp_path / "full", **common)) == 0
-    # the same run, stopped after step 2 (the last step falls on save_interval: saved once) ...
-    caplog.clear()
-    split_cfg = small_config(random_tiny_checkpoint, tmp_path / "split", **{**common, "runner.max_steps": 2})
-    assert run(split_cfg) == 0
     saves = [r.getMessage() for r in caplog.records if r.getMessage().startswith("saved checkpoint")]
-    assert len(saves) == 1 and saves[0].endswith("step_2"), saves
+    # the last step falls on save_interval: saved once
+    assert [save.rsplit("/", 1)[-1] for save in saves] == ["step_2", "step_4"], saves
+    # the same run stopped after step 2 left its step_2 checkpoint and its metric rows up to step 2
+    shutil.copytree(tmp_path / "full", tmp_path / "split")
     root = tmp_path / "split" / "results" / "it" / "checkpoints"
+    shutil.rmtree(root / "step_4")
+    history = tmp_path / "split" / "logs" / HISTORY_FILE
+    kept = [line for line in history.read_text().splitlines() if json.loads(line)["step"] <= 2]
+    history.write_text("".join(f"{line}\n" for line in kept))
     stopped = json.loads((root / "step_2" / "runner_state.json").read_text())
     assert stopped["step"] == 2 and stopped["data"]["index"] == 2 * 4  # rollout_batch_size 4
+    assert stopped["lr_schedule"] == {
+        "style": "cosine",
+        "peak_lr": 1e-2,
+        "warmup_steps": 2,
+        "decay_steps": 8,  # the recipe's lr_decay_steps: null, so runner.max_steps x 2 optimizer steps
+        "min_lr": pytest.approx(1e-3),
+        "optimizer_steps": 4,
+    }
     capsys.readouterr()
     # ... and resumed from its latest checkpoint
     resumed = small_config(
@@ -124,9 +138,9 @@ def test_dead_worker_stops_the_run_naming_the_role(random_tiny_checkpoint, tmp_p
 
 
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpoint, tmp_path, ray_session):
-    overrides = small_run_overrides(
-        random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 200, "runner.val_check_interval": 0}
-    )
+    # The resume below ends the run sooner (runner.max_steps): a pinned decay keeps the LR schedule.
+    pinned = {"runner.val_check_interval": 0, "actor.lr_sched.lr_decay_steps": 400}
+    overrides = small_run_overrides(random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 200, **pinned})
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *overrides],
         stdout=subprocess.PIPE,
@@ -154,7 +168,7 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpo
     resumed = small_config(
         random_tiny_checkpoint,
         tmp_path,
-        **{"runner.max_steps": stopped_at + 1, "runner.val_check_interval": 0, "runner.resume_dir": "auto"},
+        **{"runner.max_steps": stopped_at + 1, "runner.resume_dir": "auto", **pinned},
     )
     assert run(resumed) == 0
     assert (tmp_path / "results" / "it" / "checkpoints" / f"step_{stopped_at + 1}" / "COMPLETE").is_file()

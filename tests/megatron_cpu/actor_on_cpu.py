@@ -11,6 +11,7 @@ from rlinf.config.schema import (
     ActorConfig,
     AlgorithmConfig,
     Config,
+    LRSchedulerConfig,
     ModelConfig,
     OptimConfig,
     RoutingReplayConfig,
@@ -21,7 +22,14 @@ VOCAB = 64
 
 
 def build_actor(
-    path, moments: str, *, precision: str = "bf16", pack_sequences: bool = False, routing_replay: str = "none"
+    path,
+    moments: str,
+    *,
+    precision: str = "bf16",
+    pack_sequences: bool = False,
+    routing_replay: str = "none",
+    lr: float = 1e-3,
+    lr_sched: LRSchedulerConfig | None = None,
 ):
     """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
     from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
@@ -31,14 +39,19 @@ def build_actor(
 
     model = ModelConfig(model_path=str(path), precision=precision, moe_token_dispatcher_type="allgather")
     optim = OptimConfig(
-        lr=1e-3,
+        lr=lr,
         weight_decay=0.01,
         use_precision_aware_optimizer=True,
         exp_avg_dtype=moments,
         exp_avg_sq_dtype=moments,
     )
     actor_cfg = ActorConfig(
-        training_backend="megatron", seq_length=64, model=model, optim=optim, pack_sequences=pack_sequences
+        training_backend="megatron",
+        seq_length=64,
+        model=model,
+        optim=optim,
+        lr_sched=lr_sched or LRSchedulerConfig(),
+        pack_sequences=pack_sequences,
     )
     cfg = Config(
         actor=actor_cfg, algorithm=AlgorithmConfig(routing_replay=RoutingReplayConfig(routing_replay))

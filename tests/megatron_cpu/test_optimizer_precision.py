@@ -20,6 +20,7 @@ clears it at exit (the last test checks it).
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -142,6 +143,34 @@ def test_a_fresh_actor_resumes_with_adams_own_step_count(on_cpu, tiny_megatron_c
     assert all(torch.equal(a, b) for a, b in zip(saved_moments, moments_of(fresh), strict=True))
     assert train_step(fresh, tokens(5), counted=True) == after_save
     assert all(torch.equal(a, b) for a, b in zip(masters(actor), masters(fresh), strict=True))
+
+
+def test_a_resumed_actor_follows_the_lr_schedule_its_config_holds(on_cpu, tiny_megatron_checkpoint, tmp_path):
+    """actor.lr_sched.on_resume: use_checkpoint hands the actor a config holding the recorded
+    schedule, override the new run's own (rlinf.runners.lr_resume). The restored actor continues at
+    the checkpoint's optimizer step with its config's peak and shape."""
+    from rlinf.algorithms.lr_schedule import lr_multiplier_from_config, resolved_lr_schedule
+    from rlinf.config.schema import ActorConfig, Config, LRSchedulerConfig, OptimConfig
+    from rlinf.runners.lr_resume import with_lr_schedule
+
+    def schedule(lr: float, decay_steps: int) -> Config:
+        sched = LRSchedulerConfig("cosine", lr_warmup_steps=1, lr_decay_steps=decay_steps, min_lr_ratio=0.1)
+        return Config(actor=ActorConfig(optim=OptimConfig(lr=lr), lr_sched=sched))
+
+    first, longer = schedule(1e-3, 4), schedule(2e-3, 8)
+    actor = build_actor(tiny_megatron_checkpoint, "fp32", lr=1e-3, lr_sched=first.actor.lr_sched)
+    for step in range(2):
+        train_step(actor, tokens(step), counted=True)
+    actor.offloaded = False
+    assert actor.save(str(tmp_path / "ckpt")) == 2  # the optimizer steps the checkpoint records
+    for cfg in (longer, with_lr_schedule(longer, resolved_lr_schedule(first))):
+        fresh = build_actor(
+            tiny_megatron_checkpoint, "fp32", lr=cfg.actor.optim.lr, lr_sched=cfg.actor.lr_sched
+        )
+        fresh._load(str(tmp_path / "ckpt"))
+        train_step(fresh, tokens(2), counted=True)
+        assert fresh.current_lr() == cfg.actor.optim.lr * lr_multiplier_from_config(cfg)(2)
+    assert fresh.current_lr() == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 3))))
 
 
 def test_an_actor_that_never_stepped_saves_a_checkpoint(on_cpu, tiny_megatron_checkpoint, tmp_path):

@@ -135,9 +135,10 @@ class ActorWorker(ABC):
         return dispatch(self._weight_exporter, verb, *args)
 
     @abstractmethod
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> int:
         """Weights (HF format where possible), optimizer, LR schedule and RNG state. Collective:
-        every rank is called with the same directory and writes its shard (or nothing)."""
+        every rank is called with the same directory and writes its shard (or nothing). Returns
+        the optimizer steps taken (the LR schedule's position), which the checkpoint records."""
 
     @abstractmethod
     def load(self, directory: str) -> None:

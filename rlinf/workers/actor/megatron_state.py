@@ -31,6 +31,20 @@ def _without_psutil_memory_log() -> None:
         filesystem_async._process_memory = lambda: 0
 
 
+def _with_peak_lr(optimizer_state: object, lr: float) -> None:
+    """megatron pairs the saved param groups with the optimizer's by their settings, max_lr and
+    min_lr among them (both optim.lr: rlinf.config.megatron_settings). rlinf sets each step's LR
+    itself from the schedule, so those two only name the group: set to this run's, a run resumed
+    with another optim.lr (actor.lr_sched.on_resume=override) finds its groups."""
+    if isinstance(optimizer_state, dict):
+        for key, value in optimizer_state.items():
+            if key == "param_groups" and isinstance(value, list):
+                for group in value:
+                    group.update({name: lr for name in ("max_lr", "min_lr") if name in group})
+            else:
+                _with_peak_lr(value, lr)
+
+
 class MegatronActorState:
     # --- memory ------------------------------------------------------------------------------------
 
@@ -101,9 +115,10 @@ class MegatronActorState:
             if was_offloaded:
                 self.offload()
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> int:
         with self._resident():
             self._save(directory)
+        return self.optimizer_steps
 
     def load(self, directory: str) -> None:
         with self._resident():
@@ -197,6 +212,7 @@ class MegatronActorState:
                 ensure_adam_states(self.optimizer)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
             # The optimizer copies into main params that require grad (fp32: the model's own).
+            _with_peak_lr(state["optimizer"], self.cfg.actor.optim.lr)
             with torch.no_grad():
                 self.model[0].module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])

@@ -63,10 +63,8 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             eps=o.adam_eps,
             weight_decay=o.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_multiplier_from_config(cfg),
-        )
+        self.lr_at = lr_multiplier_from_config(cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_at)
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
         self.routing_mode = cfg.algorithm.routing_replay.mode
@@ -223,7 +221,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         self.master.master_to_model()
 
     def current_lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"])
 
     # --- weights, memory, checkpoints --------------------------------------------------------------
 
@@ -265,10 +263,10 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
     def named_weights(self) -> dict[str, torch.Tensor]:
         return cpu_weights(self.model)
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> int:
         """Rank 0 writes: DDP replicas hold identical weights and optimizer state."""
         if self.dp.rank != 0:
-            return
+            return self.scheduler.last_epoch
         path = Path(directory)
         self.model.save_pretrained(path / MODEL_DIR, safe_serialization=True)
         self.tokenizer.save_pretrained(path / MODEL_DIR)
@@ -282,6 +280,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             "reference": None if self.reference is None else self.reference.state_dict(),
         }
         torch.save(state, path / ACTOR_STATE_FILE)
+        return self.scheduler.last_epoch  # LambdaLR counts its steps as epochs: one per optimizer step
 
     def load(self, directory: str) -> None:
         path = Path(directory)
@@ -291,6 +290,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
             state = torch.load(state_file, map_location="cpu", weights_only=False)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+            self._follow_this_runs_schedule()
             self.master.load_state(state.get("master_weights"))
         except FileNotFoundError:
             raise CheckpointError(f"{state_file}: missing (optimizer / LR schedule state)") from None
@@ -300,3 +300,13 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         self.skips = SkipCounter(state["consecutive_skips"], state["total_skips"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
+
+    def _follow_this_runs_schedule(self) -> None:
+        """After a load: this run's LR schedule (its config; rlinf.runners.lr_resume decides what the
+        config holds) at the restored optimizer-step count. The loaded states carry the saving run's
+        peak LR (the scheduler's base_lrs) and its next LR (the param groups'): both are set anew."""
+        peak = self.cfg.actor.optim.lr
+        lr = peak * self.lr_at(self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [peak] * len(self.optimizer.param_groups)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["lr"] = peak, lr
