@@ -106,7 +106,7 @@ def test_a_minibatch_reaches_the_device_in_one_copy_with_the_unstaged_values(
     model = actor.model[0]
     for micro, (on_device, inputs) in zip(micros, staged, strict=True):
         unstaged = actor._host_inputs(micro)
-        for name in ("tokens", "positions", "rows", "targets", "mask"):
+        for name in ("tokens", "positions", "rows", "targets", "slots", "mask"):
             assert torch.equal(getattr(inputs, name), getattr(unstaged, name)), name
         for name in ("response_mask", "old_logprobs", "advantages", "rollout_logprobs"):
             assert torch.equal(getattr(on_device, name), getattr(micro, name)), name
