@@ -1,19 +1,25 @@
 """Training throughput of the Megatron actor against the HF (torch) actor, in the same run.
 
 Both actors train on the same synthetic GRPO batch (fixed prompt / response lengths) of the same
-checkpoint, one after the other on one GPU; each does one warm-up `train` call, then `--steps`
-timed ones. Prints one JSON object:
+checkpoint, one after the other on one GPU, with the optimizer settings of a recipe's actor.optim
+(--recipe; the Moonlight recipe's precision-aware optimizer with bf16 Adam moments by default). Each
+actor does one warm-up `train` call, then `--repeats` runs (default 3) of `--steps` timed calls, each
+run followed by one profiled call under --profile. Prints one JSON object; each actor's figures are
+the medians over its runs (figure by figure), its `runs` the per-run values:
 
     tokens_per_s   (prompt + response tokens through forward + backward) / train wall time
     mfu            model FLOPs / (wall time x peak bf16 dense FLOP/s of the GPU, --peak-tflops)
+    max_memory_gib peak allocated GPU memory of the run
+    with --profile: train_call_span_ms, gpu_busy_ms, gpu_idle_ms, gpu_busy_share, kernels
 
 Model FLOPs per token: 6 x (parameters a token activates: attention, dense MLP, shared experts, top-k
 routed experts, router, LM head; not the embedding lookup) + causal attention 6 x layers x heads x
 (qk_dim + v_dim) x mean context. The logprob recompute is not timed.
 
     python -m benchmarks.actor_throughput --model DIR [--precision bf16] [--rows 16]
-        [--prompt 256] [--response 768] [--steps 2] [--micro-batch 4] [--peak-tflops 989]
-        [--profile DIR]  # then a GPU-only trace of one more train call per backend, summarised
+        [--prompt 256] [--response 768] [--steps 2] [--repeats 3] [--micro-batch 4] [--peak-tflops 989]
+        [--recipe moonlight-16b-grpo-megatron]
+        [--profile DIR]  # then a GPU-only trace of one more train call per run, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
         [--profile-host]  # with --profile: also CPU activity with Python stacks, summarised as the
                           # top host ops and the device->host syncs (.item(), .tolist()) with their
@@ -41,10 +47,11 @@ import gc
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -156,10 +163,27 @@ def measure_te_free(argv: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])["megatron"]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What one measured run converts its time into."""
+
+    steps: int  # timed train calls per run
+    tokens: int  # per train call
+    flops: float  # model FLOPs per train call
+    peak_tflops: float
+
+
 def measure(
-    backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None, host: bool = False
-):
-    """(seconds per `train` call, mean over `steps` after one warm-up call; trace summary or None)."""
+    backend: str,
+    cfg: Config,
+    data: RolloutBatch,
+    shape: Shape,
+    repeats: int,
+    profile: Path | None = None,
+    host: bool = False,
+) -> tuple[list[dict], dict | None]:
+    """One actor, one warm-up `train` call, then `repeats` runs of `shape.steps` timed calls (each
+    followed by one profiled call with `profile`); (the runs' figures, the actor's spec or None)."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -170,17 +194,46 @@ def measure(
     spec = getattr(actor, "spec", None)
     data = with_logprobs(data, [actor.compute_logprobs(data)])
     actor.train(data, step=0)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for step in range(steps):
-        actor.train(data, step=step + 1)
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / steps
-    summary = profile_train_call(actor, data, profile / f"{backend}.trace.json", host) if profile else None
+    runs = []
+    for run in range(repeats):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for step in range(shape.steps):
+            actor.train(data, step=1 + run * shape.steps + step)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / shape.steps
+        figures = {
+            "seconds_per_train_call": seconds,
+            "tokens_per_s": shape.tokens / seconds,
+            "mfu": shape.flops / seconds / (shape.peak_tflops * 1e12),
+            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+        if profile:
+            trace = profile_train_call(actor, data, profile / f"{backend}.run{run}.trace.json", host)
+            figures.update(profiled_figures(trace), profile_one_train_call=trace)
+        runs.append(figures)
     del actor
     gc.collect()
     torch.cuda.empty_cache()
-    return seconds, summary, spec
+    return runs, spec
+
+
+def profiled_figures(trace: dict) -> dict:
+    """The headline figures of one profiled train call (benchmarks/trace_summary.py)."""
+    return {
+        "train_call_span_ms": trace["span"],
+        "gpu_busy_ms": trace["gpu_busy"],
+        "gpu_idle_ms": trace["gpu_idle"],
+        "gpu_busy_share": trace["gpu_busy_share"],
+        "kernels": trace["kernels_launched"],
+    }
+
+
+def median_of_runs(runs: list[dict]) -> dict:
+    """Each figure's median over the runs (figure by figure, not the median run's), and the runs."""
+    numbers = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {**{k: statistics.median(run[k] for run in runs) for k in numbers}, "runs": runs}
 
 
 def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = False) -> dict:
@@ -246,6 +299,14 @@ def python_frames(event, depth: int = 5) -> tuple[str, ...]:
     return tuple(frames)
 
 
+def recipe_optim(recipe: str) -> OptimConfig:
+    """The recipe's actor.optim section, typed (the HF actor reads what AdamW takes of it)."""
+    from rlinf.config.loader import compose_recipe
+    from rlinf.config.typed import from_dict
+
+    return from_dict(OptimConfig, compose_recipe(recipe)["actor"]["optim"], "actor.optim")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -256,7 +317,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--response", type=int, default=768)
     parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="timed train calls per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per actor; figures are their medians")
+    parser.add_argument(
+        "--recipe",
+        default="moonlight-16b-grpo-megatron",
+        help="the recipe whose actor.optim the actors train with (precision-aware optimizer included)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H200 bf16 dense")
     parser.add_argument("--backends", default="torch,megatron")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR")
@@ -285,7 +352,7 @@ def main() -> None:
             model=ModelConfig(
                 model_path=args.model, precision=args.precision, moe_grouped_gemm=args.megatron_grouped_gemm
             ),
-            optim=OptimConfig(lr=1e-7, weight_decay=0.0),
+            optim=recipe_optim(args.recipe),
         ),
     )
     data = batch(config["vocab_size"], args.rows, args.prompt, args.response)
@@ -301,7 +368,11 @@ def main() -> None:
         "micro_batch_size": args.micro_batch,
         "megatron_moe_grouped_gemm": args.megatron_grouped_gemm,
         "model_tflop_per_call": flops / 1e12,
+        "recipe_optim": args.recipe,
+        "use_precision_aware_optimizer": cfg.actor.optim.use_precision_aware_optimizer,
+        "repeats": args.repeats,
     }
+    shape = Shape(steps=args.steps, tokens=tokens, flops=flops, peak_tflops=args.peak_tflops)
     # The TE-free child first: this process then holds no GPU memory yet (megatron keeps some after
     # its actor is gone; both together ran out of the H200's 140 GiB on the slice).
     backends = sorted(args.backends.split(","), key=lambda b: b != "megatron-te-free")
@@ -314,19 +385,11 @@ def main() -> None:
             result[name] = measure_te_free(sys.argv[1:])
             print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
             continue
-        torch.cuda.reset_peak_memory_stats()
         with provider_overrides({**settings, **overrides}):
-            seconds, trace, spec = measure(
-                name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host
+            runs, spec = measure(
+                name.split("[")[0], cfg, data, shape, args.repeats, args.profile, args.profile_host
             )
-        result[name] = {
-            **({"spec": spec["spec"]} if spec else {}),
-            "seconds_per_train_call": seconds,
-            "tokens_per_s": tokens / seconds,
-            "mfu": flops / seconds / (args.peak_tflops * 1e12),
-            "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-            **({"profile_one_train_call": trace} if trace else {}),
-        }
+        result[name] = {**({"spec": spec["spec"]} if spec else {}), **median_of_runs(runs)}
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     print(json.dumps(with_speedups(result)))

@@ -74,6 +74,7 @@ SAMPLING = "rlinf.workers.rollout.sampling"
 REWARD_WORKER = "rlinf.workers.reward.reward_worker"
 TORCH_ACTOR_MODULE = "rlinf.workers.actor.torch_actor"
 MEGATRON_ACTOR_MODULE = "rlinf.workers.actor.megatron_actor"
+MEGATRON_FORWARD = "rlinf.workers.actor.megatron_forward"  # the Megatron actor's batch layout and forward
 MEGATRON_SETTINGS = "rlinf.config.megatron_settings"  # recipe -> Megatron provider / optimizer settings
 TORCH_ROLLOUT_MODULE = "rlinf.workers.rollout.torch_rollout"
 SGLANG_ROLLOUT_MODULE = "rlinf.workers.rollout.sglang_rollout"
@@ -182,7 +183,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.max_tokens_per_micro_batch": (ANY.reads(POLICY_UPDATE, VALIDATE),),
     "actor.pack_sequences": (
         TORCH_ACTOR.reads(POLICY_UPDATE, TORCH_ACTOR_MODULE),
-        MEGATRON_ACTOR.reads(POLICY_UPDATE, MEGATRON_ACTOR_MODULE),
+        MEGATRON_ACTOR.reads(POLICY_UPDATE, MEGATRON_FORWARD),
     ),
     "actor.global_batch_size": (ANY.reads(POLICY_UPDATE),),
     # A bound checked before start (prompt + response must fit); Megatron also sizes buffers by it.

@@ -4,7 +4,8 @@
 `MegatronActor(cfg, rank, world, device="cpu")` under cuda_on_cpu (megatron-core's CUDA calls on
 the CPU) and runs one phase on the same batch (`grpo_batch`):
 
-- "train": the export before training, logprobs and entropy of every row, the gradient of one GRPO
+- "train": every rank's largest differences between the actor's response-rows LM head and the
+  full-vocabulary one (full_vocab.py), padded and packed; the export before training, logprobs and entropy of every row, the gradient of one GRPO
   minibatch (caught where the actor clips it: after megatron's grad reduction, before the optimizer
   step) exported to full HF-named tensors, the exported weights after that update, a dist
   checkpoint, then a second update and its exported weights;
@@ -172,6 +173,7 @@ def _exported(actor) -> dict[str, torch.Tensor]:
 def _train(actor, work: Path) -> dict:
     batch, logprobs, entropy = _with_old_logprobs(actor, grpo_batch())
     result = {"exported_before": _exported(actor), "logprobs": logprobs, "entropy": entropy}
+    result["lm_head"] = _lm_head(actor)
     grads: dict[str, torch.Tensor] = {}
     clip = actor.clip_grad_norm
 
@@ -223,6 +225,23 @@ def _replay(actor, _work: Path) -> dict:
     dist.all_gather_object(ranks, {"tp_rank": actor.tp_rank, "routes": routes})
     recompute = actor.compute_logprobs(batch)  # collective: the TP ranks sum their routing counts
     return {"ranks": ranks, "logprobs": logprobs.cpu(), "entropy": entropy.cpu(), "recompute": recompute}
+
+
+def _lm_head(actor) -> dict:
+    """Every rank's largest differences between the response-rows LM head and GPTModel's
+    full-vocabulary one (full_vocab.py) on `grpo_batch`, right-padded and packed THD."""
+    import torch.distributed as dist
+    from full_vocab import largest_differences
+
+    result = {}
+    layout = actor.cfg.actor.pack_sequences
+    for packed in (False, True):
+        actor.cfg.actor.__dict__["pack_sequences"] = packed  # a frozen dataclass
+        ranks: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, largest_differences(actor, grpo_batch()))
+        result["packed" if packed else "padded"] = ranks
+    actor.cfg.actor.__dict__["pack_sequences"] = layout
+    return result
 
 
 def full_gradients(actor) -> dict[str, torch.Tensor]:

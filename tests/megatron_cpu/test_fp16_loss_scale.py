@@ -1,5 +1,5 @@
-"""fp16: the loss scaler moves once per optimizer step, though the actor prepares the grads both for
-the grad norm (clip_grad_norm) and inside megatron's optimizer.step()."""
+"""fp16: the loss scaler moves once per optimizer step: the actor prepares the grads (which updates
+the scaler) once, for the grad norm (clip_grad_norm), and steps with them (optimizer_step)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The Megatron actor at TP / EP / DP > 1 in several gloo processes, against one rank (fp32).
 
 Each layout runs the real MegatronActor (many_ranks.py) on the same tiny MLA + MoE checkpoint and
-batch as the one-rank reference: logprobs and entropy, every parameter's gradient gathered to full
+batch as the one-rank reference: the response-rows LM head against the full-vocabulary one on
+every rank, logprobs and entropy, every parameter's gradient gathered to full
 shape, the exported weights before and after a GRPO minibatch update, and a dist checkpoint that
 resumes at the same layout into an identical next step.
 """
@@ -82,6 +83,21 @@ def test_layout_equals_one_rank(runs, layout):
     assert_close_relative(got["grads"], ref["grads"], 1e-4, "gradient")
     assert_close_relative(got["exported_step1"], ref["exported_step1"], 1e-5, "weights after one update")
     assert got["metrics_step1"]["actor/loss"] == pytest.approx(ref["metrics_step1"]["actor/loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("layout", [REFERENCE, *LAYOUTS], ids=lambda layout: layout.name)
+def test_response_rows_lm_head_equals_the_full_vocabulary_head_on_every_rank(runs, layout):
+    """Under sequence parallelism the hidden states are gathered over TP before the response rows
+    are picked; a wrong backward of that gather (a reduce-scatter on top of the output layer's
+    all-reduce) would double every gradient below the LM head."""
+    result = runs(layout)["lm_head"]
+    for form in ("padded", "packed"):
+        assert len(result[form]) == layout.world
+        for rank, diffs in enumerate(result[form]):
+            where = f"{form}, rank {rank}: {diffs}"
+            assert diffs["nonzero_grads"] > 10, where
+            assert diffs["logprobs"] <= 1e-5 and diffs["entropy"] <= 1e-5 and diffs["masked_zero"] == 0, where
+            assert diffs["grads"] <= 1e-5, where
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)

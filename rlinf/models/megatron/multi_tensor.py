@@ -3,7 +3,7 @@
 
 Why: without TE or apex, megatron-core 0.19.2 falls back to `megatron.core.utils.local_multi_tensor_*`,
 whose L2 norm reads every per-tensor norm back to the host (one device->host sync per parameter
-tensor, twice per optimizer step) and whose scale is a Python loop. The versions here keep the
+tensor, per grad norm) and whose scale is a Python loop. The versions here keep the
 contracts (`op(chunk_size, noop_flag, tensor_lists, *args)`, as `multi_tensor_applier` calls them)
 and run as a few fused launches with no host read:
 - `foreach_l2_norm`: the global L2 norm of `tensor_lists[0]` as a one-element fp32 CUDA tensor (the

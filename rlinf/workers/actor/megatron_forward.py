@@ -28,11 +28,17 @@ class ForwardInputs:
     positions: torch.Tensor  # [b, T] long
     rows: torch.Tensor  # [N] long: position * b + row of the position predicting each response token
     targets: torch.Tensor  # [N] long: those response tokens (row-major order of the response mask)
+    slots: torch.Tensor  # [N] long: where each lands in the row-major [b, R] result
     mask: torch.Tensor  # [b, R] bool: the response mask
     cu_seqlens: torch.Tensor | None = None  # [sequences + 1] int32 (packed THD only)
     routing_targets: torch.Tensor | None = None  # routing replay: the routers' token order
     routing_recorded: torch.Tensor | None = None
     max_seqlen: int = 0  # the longest packed sequence (packed THD only)
+
+
+def slots_of(mask: torch.Tensor) -> torch.Tensor:
+    """The row-major flat positions of a mask's True entries."""
+    return mask.reshape(-1).nonzero().reshape(-1)
 
 
 class MegatronForward:
@@ -110,8 +116,8 @@ class MegatronForward:
             tokens, positions, params, rows = self._packed_thd(micro)
             routing = self._routing_layout(micro, tokens.shape[1], packed=True)
             return ForwardInputs(
-                tokens, positions, rows, micro.response_ids[mask], mask, params.cu_seqlens_q, *routing,
-                max_seqlen=params.max_seqlen_q,
+                tokens, positions, rows, micro.response_ids[mask], slots_of(mask), mask, params.cu_seqlens_q,
+                *routing, max_seqlen=params.max_seqlen_q,
             )  # fmt: skip
         tokens, prompt_lens = self._right_padded(micro)
         b, r = mask.shape
@@ -121,7 +127,9 @@ class MegatronForward:
         columns = (prompt_lens - 1)[:, None] + torch.arange(r)[None]
         rows = (columns * b + torch.arange(b)[:, None])[mask]
         routing = self._routing_layout(micro, tokens.shape[1], packed=False)
-        return ForwardInputs(tokens, positions, rows, micro.response_ids[mask], mask, None, *routing)
+        return ForwardInputs(
+            tokens, positions, rows, micro.response_ids[mask], slots_of(mask), mask, None, *routing
+        )
 
     # --- staging -----------------------------------------------------------------------------------
 
@@ -181,8 +189,12 @@ class MegatronForward:
             logits, inputs.targets[:, None], temperature=self.temperature,
             vocab_start=self.tp_rank * logits.shape[-1], group=self.tp_group,
         )  # fmt: skip
-        zeros = torch.zeros(inputs.mask.shape, dtype=logprobs.dtype, device=logprobs.device)
-        return zeros.masked_scatter(inputs.mask, logprobs[:, 0]), zeros.masked_scatter(inputs.mask, entropy[:, 0])
+        # A scatter to precomputed slots: masked_scatter's backward (masked_select) waits for the host.
+        zeros = torch.zeros(inputs.mask.numel(), dtype=logprobs.dtype, device=logprobs.device)
+        logprobs, entropy = (
+            zeros.scatter(0, inputs.slots, v[:, 0]).view(inputs.mask.shape) for v in (logprobs, entropy)
+        )
+        return logprobs, entropy
 
     def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`_forward` of one micro-batch, staged on its own."""
