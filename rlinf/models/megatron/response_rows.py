@@ -24,7 +24,13 @@ import torch
 
 
 def project_rows(
-    *, hidden_states: torch.Tensor, output_layer, output_weight, context: torch.Tensor, scale_logits, **_unused
+    *,
+    hidden_states: torch.Tensor,
+    output_layer,
+    output_weight,
+    context: torch.Tensor,
+    scale_logits,
+    **_unused,
 ) -> torch.Tensor:
     """Vocab-parallel logits [N, 1, V / TP] of the hidden states at `context`: N indices into the
     sequence-major flattening of [s, b] (position * b + row)."""

@@ -182,7 +182,9 @@ class MegatronForward:
             vocab_start=self.tp_rank * logits.shape[-1], group=self.tp_group,
         )  # fmt: skip
         zeros = torch.zeros(inputs.mask.shape, dtype=logprobs.dtype, device=logprobs.device)
-        return zeros.masked_scatter(inputs.mask, logprobs[:, 0]), zeros.masked_scatter(inputs.mask, entropy[:, 0])
+        return zeros.masked_scatter(inputs.mask, logprobs[:, 0]), zeros.masked_scatter(
+            inputs.mask, entropy[:, 0]
+        )
 
     def _logprobs(self, model, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """`_forward` of one micro-batch, staged on its own."""
