@@ -26,7 +26,10 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                                    # process with RLINF_MEGATRON_TE=off (the same run, the same GPU)
         [--megatron-variants gradient_accumulation_fusion=false,moe_permute_fusion=false]
                                    # one more Megatron run per entry, with that provider setting
-                                   # (rlinf.config.megatron_settings) changed: each fusion's share
+                                   # (rlinf.config.megatron_settings) changed: each fusion's share;
+                                   # an actor.model key changes the recipe instead, e.g.
+                                   # moe_grouped_gemm_impl=torch: rlinf's grouped_mm experts in the
+                                   # TE spec, against TEGroupedMLP in the same process
         [--megatron-setting attention_backend=unfused]  # a provider setting of every TE Megatron
                                    # actor of the run (repeatable); TE's core attention kernel is one
                                    # per process, so it is a setting, not a variant
@@ -44,7 +47,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -89,16 +92,24 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
     )
 
 
+MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
+
+
 @contextlib.contextmanager
 def provider_overrides(overrides: dict):
-    """Megatron actors built inside get `overrides` on top of the recipe's provider settings."""
+    """Megatron actors built inside get `overrides` on top of the recipe's settings: a key of
+    `actor.model` (e.g. moe_grouped_gemm_impl) changes the recipe before the translation, any
+    other key the provider setting it names."""
     import rlinf.config.megatron_settings as settings
 
     translate = settings.translate
+    model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
+    provider = {k: v for k, v in overrides.items() if k not in MODEL_KEYS}
 
     def with_overrides(actor, *, te_available):
+        actor = replace(actor, model=replace(actor.model, **model))
         translated = translate(actor, te_available=te_available)
-        return replace(translated, provider={**translated.provider, **overrides})
+        return replace(translated, provider={**translated.provider, **provider})
 
     settings.translate = with_overrides
     try:
@@ -320,7 +331,7 @@ def main() -> None:
                 name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host
             )
         result[name] = {
-            **({"spec": spec["spec"]} if spec else {}),
+            **({"spec": spec["spec"], "routed_experts": spec["routed_experts"]} if spec else {}),
             "seconds_per_train_call": seconds,
             "tokens_per_s": tokens / seconds,
             "mfu": flops / seconds / (args.peak_tflops * 1e12),

@@ -118,7 +118,6 @@ def test_the_bridge_builds_the_te_spec_with_the_experts_the_recipe_names(te_spec
     from rlinf.config.megatron_settings import translate
     from rlinf.config.schema import ActorConfig, ModelConfig
     from rlinf.models.megatron.bridge import layer_spec, spec_record
-    from rlinf.models.megatron.grouped_experts import GroupedGemmExperts
 
     for impl, expected in (
         ("auto", "TEGroupedMLP"),
