@@ -168,9 +168,16 @@ def measure_te_free(argv: list[str]) -> dict:
 
 
 def measure(
-    backend: str, cfg: Config, data: RolloutBatch, steps: int, profile: Path | None = None, host: bool = False
+    backend: str,
+    cfg: Config,
+    data: RolloutBatch,
+    steps: int,
+    profile: Path | None = None,
+    host: bool = False,
+    label: str | None = None,
 ):
-    """(seconds per `train` call, mean over `steps` after one warm-up call; trace summary or None)."""
+    """(seconds per `train` call, mean over `steps` after one warm-up call; trace summary or None).
+    `label`: the run's name in the results (a variant's), for its trace file."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -187,7 +194,11 @@ def measure(
         actor.train(data, step=step + 1)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
-    summary = profile_train_call(actor, data, profile / f"{backend}.trace.json", host) if profile else None
+    # a variant's trace gets its own file name (megatron[moe_grouped_gemm_impl=torch] -> megatron_moe_...)
+    trace = (
+        profile / f"{re.sub(r'[^\w.-]+', '_', label or backend).strip('_')}.trace.json" if profile else None
+    )
+    summary = profile_train_call(actor, data, trace, host) if trace else None
     del actor
     gc.collect()
     torch.cuda.empty_cache()
@@ -328,7 +339,7 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         with provider_overrides({**settings, **overrides}):
             seconds, trace, spec = measure(
-                name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host
+                name.split("[")[0], cfg, data, args.steps, args.profile, args.profile_host, label=name
             )
         result[name] = {
             **({"spec": spec["spec"], "routed_experts": spec["routed_experts"]} if spec else {}),
