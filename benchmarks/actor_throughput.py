@@ -195,9 +195,8 @@ def measure(
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
     # a variant's trace gets its own file name (megatron[moe_grouped_gemm_impl=torch] -> megatron_moe_...)
-    trace = (
-        profile / f"{re.sub(r'[^\w.-]+', '_', label or backend).strip('_')}.trace.json" if profile else None
-    )
+    file_name = re.sub(r"[^\w.-]+", "_", label or backend).strip("_")
+    trace = profile / f"{file_name}.trace.json" if profile else None
     summary = profile_train_call(actor, data, trace, host) if trace else None
     del actor
     gc.collect()
