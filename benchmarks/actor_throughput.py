@@ -32,7 +32,10 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                                    # process with RLINF_MEGATRON_TE=off (the same run, the same GPU)
         [--megatron-variants gradient_accumulation_fusion=false,moe_permute_fusion=false]
                                    # one more Megatron run per entry, with that provider setting
-                                   # (rlinf.config.megatron_settings) changed: each fusion's share
+                                   # (rlinf.config.megatron_settings) changed: each fusion's share;
+                                   # an actor.model key changes the recipe instead, e.g.
+                                   # moe_grouped_gemm_impl=torch: rlinf's grouped_mm experts in the
+                                   # TE spec, against TEGroupedMLP in the same process
         [--megatron-setting attention_backend=unfused]  # a provider setting of every TE Megatron
                                    # actor of the run (repeatable); TE's core attention kernel is one
                                    # per process, so it is a setting, not a variant
@@ -51,7 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -96,16 +99,24 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
     )
 
 
+MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
+
+
 @contextlib.contextmanager
 def provider_overrides(overrides: dict):
-    """Megatron actors built inside get `overrides` on top of the recipe's provider settings."""
+    """Megatron actors built inside get `overrides` on top of the recipe's settings: a key of
+    `actor.model` (e.g. moe_grouped_gemm_impl) changes the recipe before the translation, any
+    other key the provider setting it names."""
     import rlinf.config.megatron_settings as settings
 
     translate = settings.translate
+    model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
+    provider = {k: v for k, v in overrides.items() if k not in MODEL_KEYS}
 
     def with_overrides(actor, *, te_available):
+        actor = replace(actor, model=replace(actor.model, **model))
         translated = translate(actor, te_available=te_available)
-        return replace(translated, provider={**translated.provider, **overrides})
+        return replace(translated, provider={**translated.provider, **provider})
 
     settings.translate = with_overrides
     try:
@@ -181,9 +192,11 @@ def measure(
     repeats: int,
     profile: Path | None = None,
     host: bool = False,
+    label: str | None = None,
 ) -> tuple[list[dict], dict | None]:
     """One actor, one warm-up `train` call, then `repeats` runs of `shape.steps` timed calls (each
-    followed by one profiled call with `profile`); (the runs' figures, the actor's spec or None)."""
+    followed by one profiled call with `profile`); (the runs' figures, the actor's spec or None).
+    `label`: the run's name in the results (a variant's), for its trace files."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -194,6 +207,8 @@ def measure(
     spec = getattr(actor, "spec", None)
     data = with_logprobs(data, [actor.compute_logprobs(data)])
     actor.train(data, step=0)
+    # a variant's trace gets its own file name (megatron[moe_grouped_gemm_impl=torch] -> megatron_moe_...)
+    file_name = re.sub(r"[^\w.-]+", "_", label or backend).strip("_")
     runs = []
     for run in range(repeats):
         torch.cuda.synchronize()
@@ -210,7 +225,7 @@ def measure(
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
         if profile:
-            trace = profile_train_call(actor, data, profile / f"{backend}.run{run}.trace.json", host)
+            trace = profile_train_call(actor, data, profile / f"{file_name}.run{run}.trace.json", host)
             figures.update(profiled_figures(trace), profile_one_train_call=trace)
         runs.append(figures)
     del actor
@@ -387,9 +402,19 @@ def main() -> None:
             continue
         with provider_overrides({**settings, **overrides}):
             runs, spec = measure(
-                name.split("[")[0], cfg, data, shape, args.repeats, args.profile, args.profile_host
+                name.split("[")[0],
+                cfg,
+                data,
+                shape,
+                args.repeats,
+                args.profile,
+                args.profile_host,
+                label=name,
             )
-        result[name] = {**({"spec": spec["spec"]} if spec else {}), **median_of_runs(runs)}
+        result[name] = {
+            **({"spec": spec["spec"], "routed_experts": spec["routed_experts"]} if spec else {}),
+            **median_of_runs(runs),
+        }
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     print(json.dumps(with_speedups(result)))

@@ -205,6 +205,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.model.recompute_modules": _megatron_only(),
     "actor.model.moe_router_bias_update_rate": _megatron_only(),
     "actor.model.moe_grouped_gemm": _megatron_only(),
+    "actor.model.moe_grouped_gemm_impl": _megatron_only(),
     "actor.optim.optimizer": _actor(MEGATRON_ACTOR_MODULE),
     "actor.optim.lr": _actor(),
     "actor.optim.weight_decay": _actor(),

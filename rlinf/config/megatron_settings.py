@@ -10,7 +10,8 @@ What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.
   update rate from the recipe (0 for RL: the rollout engine routes with the frozen bias too),
   router in fp32, the alltoall dispatcher; megatron's grouped GEMM (TEGroupedMLP) whenever
   Transformer Engine is there. Without TE megatron's local backend has SequentialMLP experts only;
-  `actor.model.moe_grouped_gemm` then selects rlinf's grouped-GEMM experts in the TE-free spec
+  `actor.model.moe_grouped_gemm` then selects rlinf's grouped-GEMM experts in the TE-free spec.
+  `actor.model.moe_grouped_gemm_impl: torch` selects rlinf's experts in the TE spec too
   (`MegatronSettings.grouped_experts`, rlinf.models.megatron.grouped_experts).
 - No MTP layers (RL neither runs nor trains them).
 - With TE (docs/megatron.md, "Transformer Engine"): grouped-GEMM experts, fused token permute /
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinf.config.schema import ActorConfig, OptimConfig
+from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
 
 MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -55,7 +56,8 @@ class MegatronSettings:
     provider: dict[str, Any]  # attribute -> value on the bridge's model provider
     ddp: dict[str, Any]  # DistributedDataParallelConfig keyword arguments
     optimizer: dict[str, Any]  # OptimizerConfig keyword arguments
-    grouped_experts: bool = False  # TE-free spec: routed experts as GroupedGemmExperts, not SequentialMLP
+    # routed experts as rlinf's GroupedGemmExperts (torch grouped_mm), not TEGroupedMLP / SequentialMLP
+    grouped_experts: bool = False
     # TE-free precision-aware optimizer: megatron's AdamW swapped for rlinf's CompactAdamW, with
     # (exp_avg, exp_avg_sq) stored in these dtypes ("fp32"/"bf16"); None keeps megatron's own
     compact_moments: tuple[str, str] | None = None
@@ -146,12 +148,7 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
             f"actor.model.moe_token_dispatcher_type: {m.moe_token_dispatcher_type!r}; alltoall or allgather "
             "(flex needs DeepEP / HybridEP)"
         )
-    if m.moe_grouped_gemm and not te_available and m.expert_tensor_parallel_size != 1:
-        problems.append(
-            "actor.model.moe_grouped_gemm: without Transformer Engine the grouped-GEMM experts have no "
-            f"expert tensor parallelism (expert_tensor_parallel_size = {m.expert_tensor_parallel_size}); "
-            "use 1, or moe_grouped_gemm: false"
-        )
+    problems += expert_problems(m, te_available=te_available)
     if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
         problems.append(
             "actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1"
@@ -159,20 +156,53 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
     return problems
 
 
+def torch_grouped_experts(m: ModelConfig, *, te_available: bool) -> bool:
+    """Whether the routed experts are rlinf's GroupedGemmExperts (torch grouped_mm): asked for by
+    name, or `auto` without Transformer Engine with moe_grouped_gemm on."""
+    if m.moe_grouped_gemm_impl == "auto":
+        return m.moe_grouped_gemm and not te_available
+    return m.moe_grouped_gemm_impl == "torch"
+
+
+def expert_problems(m: ModelConfig, *, te_available: bool) -> list[str]:
+    """What the routed-experts choice (moe_grouped_gemm, moe_grouped_gemm_impl) cannot run."""
+    impl = m.moe_grouped_gemm_impl
+    if impl == "transformer_engine" and not te_available:
+        return [
+            "actor.model.moe_grouped_gemm_impl: transformer_engine needs Transformer Engine, which is not "
+            "installed; use auto or torch"
+        ]
+    if impl == "torch" and not te_available and not m.moe_grouped_gemm:
+        return [
+            "actor.model.moe_grouped_gemm_impl: torch with moe_grouped_gemm: false; without Transformer "
+            "Engine moe_grouped_gemm: false selects megatron's SequentialMLP, so set one of the two"
+        ]
+    if torch_grouped_experts(m, te_available=te_available) and m.expert_tensor_parallel_size != 1:
+        key = "moe_grouped_gemm_impl" if impl == "torch" else "moe_grouped_gemm"
+        return [
+            f"actor.model.{key}: rlinf's grouped-GEMM experts have no expert tensor parallelism "
+            f"(expert_tensor_parallel_size = {m.expert_tensor_parallel_size}); use 1, or "
+            + ("moe_grouped_gemm_impl: transformer_engine" if impl == "torch" else "moe_grouped_gemm: false")
+        ]
+    return []
+
+
 def recompute_modules(
-    modules, granularity: str | None, te_available: bool, warnings: list[str]
+    modules, granularity: str | None, keeps_moe_act: bool, warnings: list[str]
 ) -> list[str] | None:
-    """Selective recompute's module list. megatron-core recomputes `moe_act` only inside grouped-GEMM
-    experts (Transformer Engine); the TE-free SequentialMLP refuses it ("only supported with
-    moe_grouped_gemm"), so without TE it is dropped, with a warning, instead of failing the run."""
+    """Selective recompute's module list. megatron-core recomputes `moe_act` only inside TE's
+    grouped-GEMM experts (TEGroupedMLP); the TE-free SequentialMLP refuses it ("only supported with
+    moe_grouped_gemm") and rlinf's GroupedGemmExperts have no recompute, so for those experts
+    (`keeps_moe_act` false) it is dropped, with a warning, instead of failing the run."""
     if granularity != "selective":
         return None
     kept = list(modules)
-    if not te_available and "moe_act" in kept:
+    if not keeps_moe_act and "moe_act" in kept:
         kept.remove("moe_act")
         warnings.append(
-            "actor.model.recompute_modules: moe_act is recomputed only in grouped-GEMM experts, which need "
-            f"Transformer Engine; without it the experts' activations are kept (recomputing {kept or 'nothing'})"
+            "actor.model.recompute_modules: moe_act is recomputed only in Transformer Engine's grouped-GEMM "
+            "experts (TEGroupedMLP), which this run does not build; the experts' activations are kept "
+            f"(recomputing {kept or 'nothing'})"
         )
     return kept
 
@@ -186,6 +216,7 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         raise MegatronSettingsError("\n".join(problems))
     warnings: list[str] = []
     m, o = actor.model, actor.optim
+    grouped_experts = torch_grouped_experts(m, te_available=te_available)
     bf16, fp16 = m.precision == "bf16", m.precision == "fp16"
     provider: dict[str, Any] = {
         "tensor_model_parallel_size": m.tensor_model_parallel_size,
@@ -211,7 +242,7 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         "apply_rope_fusion": te_available,
         "recompute_granularity": m.recompute_granularity,
         "recompute_modules": recompute_modules(
-            m.recompute_modules, m.recompute_granularity, te_available, warnings
+            m.recompute_modules, m.recompute_granularity, te_available and not grouped_experts, warnings
         ),
         "recompute_method": "uniform" if m.recompute_granularity == "full" else None,
         "recompute_num_layers": 1 if m.recompute_granularity == "full" else None,
@@ -268,7 +299,7 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         provider=provider,
         ddp=ddp,
         optimizer=optimizer,
-        grouped_experts=m.moe_grouped_gemm and not te_available,
+        grouped_experts=grouped_experts,
         compact_moments=moments if compact else None,
         warnings=tuple(warnings),
     )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|bf16-ops|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -23,6 +23,10 @@
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
 #          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
+#   te-experts  (not in `all`; with TE) actor.model.moe_grouped_gemm_impl: torch, rlinf's grouped_mm
+#          experts in the TE spec: tests/gpu/test_megatron_grouped_experts.py under TE, then one slice
+#          benchmark with HF, Megatron-TE with TEGroupedMLP and Megatron-TE with rlinf's experts
+#          (`bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch`, profiled)
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -69,6 +73,10 @@ case "$mode" in
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     bench --backends megatron ;;
+  te-experts)
+    run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-450} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
+      --profile /tmp/actor-profile-te-experts "${@:2}" ;;
   host)
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-host --profile-host
     bench --megatron-grouped-gemm --micro-batch 16 ;;
@@ -84,7 +92,7 @@ case "$mode" in
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|host|bf16-ops|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }

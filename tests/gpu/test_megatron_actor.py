@@ -43,7 +43,9 @@ def actor_config(
     grouped_gemm: bool = False,
     moments: str = "fp32",
 ) -> Config:
-    """`moments`: the Adam moments' dtype; "bf16" turns the precision-aware optimizer on."""
+    """`moments`: the Adam moments' dtype; "bf16" turns the precision-aware optimizer on.
+    `grouped_gemm`: rlinf's grouped_mm experts (moe_grouped_gemm_impl: torch) in the spec this machine
+    runs, TE's or the TE-free one; off: TEGroupedMLP with TE, SequentialMLP without."""
     return Config(
         runner=RunnerConfig(seed=7),
         algorithm=AlgorithmConfig(),
@@ -52,7 +54,12 @@ def actor_config(
             micro_batch_size=mbs,
             global_batch_size=gbs,
             seq_length=256,
-            model=ModelConfig(model_path=str(path), precision=precision, moe_grouped_gemm=grouped_gemm),
+            model=ModelConfig(
+                model_path=str(path),
+                precision=precision,
+                moe_grouped_gemm=grouped_gemm,
+                moe_grouped_gemm_impl="torch" if grouped_gemm else "auto",
+            ),
             optim=OptimConfig(
                 lr=lr,
                 weight_decay=0.0,
@@ -145,6 +152,8 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
     got = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
     spec = actor.spec
     del actor
+    if grouped_gemm:
+        assert spec["routed_experts"] == "GroupedGemmExperts", spec
     free()
     mask = batch.response_mask
     diff = (got - exact)[mask].abs()
@@ -276,7 +285,8 @@ def one_minibatch_matches_the_torch_actor(gpu_tiny: Path, *, grouped_gemm: bool 
     # 3 micro-batches: 3 + 3 + 2 rows
     cfg = actor_config(gpu_tiny, "fp32", lr=0.0, mbs=3, gbs=8, grouped_gemm=grouped_gemm)
     batch = synthetic_batch(vocab_of(gpu_tiny), seed=3)
-    torch_model = replace(cfg.actor.model, moe_grouped_gemm=False)  # a megatron-only key
+    # megatron-only keys
+    torch_model = replace(cfg.actor.model, moe_grouped_gemm=False, moe_grouped_gemm_impl="auto")
     torch_cfg = replace(cfg, actor=replace(cfg.actor, training_backend="torch", model=torch_model))
     reference = TorchActor(torch_cfg)
     ref_batch = with_logprobs(batch, [reference.compute_logprobs(batch)])

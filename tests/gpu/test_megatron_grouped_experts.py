@@ -1,13 +1,15 @@
-"""The Megatron actor with rlinf's grouped-GEMM routed experts (`actor.model.moe_grouped_gemm: true`
-without Transformer Engine; rlinf.models.megatron.grouped_experts) on one GPU: the checks of
-test_megatron_actor.py that the experts change, run on torch's CUDA grouped_mm.
+"""The Megatron actor with rlinf's grouped-GEMM routed experts (`actor.model.moe_grouped_gemm: true`,
+`moe_grouped_gemm_impl: torch`; rlinf.models.megatron.grouped_experts) on one GPU, in the spec the
+machine runs (TE's in place of TEGroupedMLP, or the TE-free one): the checks of test_megatron_actor.py
+that the experts change, run on torch's CUDA grouped_mm.
 
 - logprobs equal the HF model's (GPU-tiny fp32 / bf16, Moonlight slice bf16), same bars;
 - exported HF weights equal the checkpoint's tensors bit for bit (GPU-tiny, Moonlight slice);
 - one GRPO minibatch gives the torch actor's loss and grad norm (fp32; fp32 grouped_mm is torch's
   per-group fallback, bf16 its grouped kernel).
 
-Run: bash tests/gpu/run_megatron_checks.sh grouped (also benchmarks the slice with the key on).
+Run: bash tests/gpu/run_megatron_checks.sh grouped (also benchmarks the slice with the key on), or
+`te-experts` (with TE: these checks, then HF vs TEGroupedMLP vs rlinf's experts in one benchmark).
 """
 
 from __future__ import annotations

@@ -29,7 +29,11 @@ def test_weight_checksums_call_exists(sglang_installed):
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.utils.weight_checker import WeightChecker
 
-    assert list(inspect.signature(TokenizerManager.check_weights).parameters)[:3] == ["self", "obj", "request"]
+    assert list(inspect.signature(TokenizerManager.check_weights).parameters)[:3] == [
+        "self",
+        "obj",
+        "request",
+    ]
     assert CheckWeightsReqInput(action="checksum").action == "checksum"
     assert "_compute_checksum" in vars(WeightChecker)
 

@@ -48,3 +48,20 @@ def test_speedups_are_taken_over_the_measured_actors_only():
     )
     assert "megatron_settings_speedup_vs_hf" not in out
     assert with_speedups({"megatron": {"tokens_per_s": 40.0}}) == {"megatron": {"tokens_per_s": 40.0}}
+
+
+def test_a_model_key_variant_changes_the_recipe_and_a_provider_key_the_provider():
+    """`--megatron-variants moe_grouped_gemm_impl=torch`: the variant actor's recipe asks for rlinf's
+    grouped_mm experts (translate() then picks them for the TE spec); provider keys stay provider keys."""
+    import rlinf.config.megatron_settings as settings
+    from benchmarks.actor_throughput import provider_overrides
+    from rlinf.config.schema import ActorConfig, ModelConfig
+
+    actor = ActorConfig(training_backend="megatron", model=ModelConfig())
+    variant = {**parse_variant("moe_grouped_gemm_impl=torch"), **parse_variant("moe_permute_fusion=false")}
+    with provider_overrides(variant):
+        changed = settings.translate(actor, te_available=True)
+    assert changed.grouped_experts and changed.provider["moe_permute_fusion"] is False
+    assert "moe_grouped_gemm_impl" not in changed.provider
+    unchanged = settings.translate(actor, te_available=True)  # the default actor of the same run
+    assert not unchanged.grouped_experts and unchanged.provider["moe_permute_fusion"] is True

@@ -95,7 +95,9 @@ def test_the_layer_spec_is_the_te_spec_with_transformer_engine_and_the_te_free_o
     from rlinf.models.megatron.te_spec import te_block_spec
 
     actor = ActorConfig(training_backend="megatron", model=ModelConfig(moe_grouped_gemm=True))
-    assert layer_spec(translate(actor, te_available=True), te_available=True) is te_block_spec
+    te = layer_spec(translate(actor, te_available=True), te_available=True)
+    assert isinstance(te, functools.partial) and te.func is te_block_spec
+    assert te.keywords == {"grouped_experts": False}  # TEGroupedMLP (moe_grouped_gemm_impl: auto)
     te_free = layer_spec(translate(actor, te_available=False), te_available=False)
     assert isinstance(te_free, functools.partial) and te_free.func is te_free_block_spec
     assert te_free.keywords == {"grouped_experts": True}

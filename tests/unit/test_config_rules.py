@@ -140,6 +140,16 @@ CASES = [
         "main_params_dtype: 'bf16'",
     ),
     (
+        "check_megatron_settings",
+        MOONLIGHT,
+        [
+            "actor.model.moe_grouped_gemm_impl=torch",
+            "actor.model.expert_model_parallel_size=4",
+            "actor.model.expert_tensor_parallel_size=2",
+        ],
+        "moe_grouped_gemm_impl: rlinf's grouped-GEMM experts have no expert tensor parallelism",
+    ),
+    (
         "check_lr_schedule",
         TINY,
         [*COSINE, "runner.max_steps=-1"],

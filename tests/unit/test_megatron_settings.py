@@ -247,3 +247,64 @@ def test_the_loader_refuses_bf16_master_weights_before_any_worker_starts():
 def test_the_moonlight_recipe_itself_is_valid():
     actor = moonlight_actor()
     assert actor.optim.main_params_dtype == "fp32" and replace(actor).training_backend == "megatron"
+
+
+# moe_grouped_gemm_impl x Transformer Engine x moe_grouped_gemm -> rlinf's GroupedGemmExperts?
+EXPERT_CHOICES = [
+    ("auto", True, True, False),  # TE: TEGroupedMLP, whatever moe_grouped_gemm says (today's default)
+    ("auto", True, False, False),
+    ("auto", False, True, True),  # without TE: moe_grouped_gemm picks rlinf's experts ...
+    ("auto", False, False, False),  # ... or SequentialMLP
+    ("transformer_engine", True, True, False),
+    ("torch", True, True, True),  # the option: rlinf's experts in the TE spec
+    ("torch", True, False, True),
+    ("torch", False, True, True),
+]
+
+
+@pytest.mark.parametrize(("impl", "te", "grouped_gemm", "rlinf_experts"), EXPERT_CHOICES)
+def test_moe_grouped_gemm_impl_picks_the_routed_experts(impl, te, grouped_gemm, rlinf_experts):
+    recipe = moonlight_actor()  # selective recompute of core_attn and moe_act
+    actor = replace(
+        recipe, model=replace(recipe.model, moe_grouped_gemm=grouped_gemm, moe_grouped_gemm_impl=impl)
+    )
+    s = translate(actor, te_available=te)
+    assert s.grouped_experts is rlinf_experts
+    # megatron's own flag still follows TE alone: with TE the rest of the TE spec (fused permute,
+    # TE linears writing main_grad) is unchanged when rlinf's experts replace TEGroupedMLP
+    assert s.provider["moe_grouped_gemm"] is te and s.provider["moe_permute_fusion"] is te
+    assert s.provider["gradient_accumulation_fusion"] is te
+    # only TEGroupedMLP recomputes moe_act; for the others it is dropped, with one warning
+    te_grouped_mlp = te and not rlinf_experts
+    expected = ["core_attn", "moe_act"] if te_grouped_mlp else ["core_attn"]
+    assert s.provider["recompute_modules"] == expected
+    assert [w for w in s.warnings if "moe_act" in w] == ([] if te_grouped_mlp else [s.warnings[0]])
+
+
+@pytest.mark.parametrize(
+    ("impl", "te", "grouped_gemm", "etp", "message"),
+    [
+        (
+            "transformer_engine",
+            False,
+            True,
+            1,
+            "moe_grouped_gemm_impl: transformer_engine needs Transformer Engine",
+        ),
+        ("torch", False, False, 1, "moe_grouped_gemm_impl: torch with moe_grouped_gemm: false"),
+        ("torch", True, True, 2, "moe_grouped_gemm_impl: rlinf's grouped-GEMM experts have no expert tensor"),
+        ("auto", False, True, 2, "moe_grouped_gemm: rlinf's grouped-GEMM experts have no expert tensor"),
+    ],
+)
+def test_what_the_chosen_experts_cannot_run_is_one_line_naming_the_key(impl, te, grouped_gemm, etp, message):
+    model = ModelConfig(
+        moe_grouped_gemm=grouped_gemm, moe_grouped_gemm_impl=impl, expert_tensor_parallel_size=etp
+    )
+    with pytest.raises(MegatronSettingsError) as error:
+        translate(ActorConfig(model=model), te_available=te)
+    assert str(error.value).startswith(f"actor.model.{message}") and "\n" not in str(error.value)
+
+
+def test_an_unknown_moe_grouped_gemm_impl_is_refused_by_the_loader():
+    with pytest.raises(ConfigError, match="moe_grouped_gemm_impl"):
+        load_config(str(MOONLIGHT), ["actor.model.moe_grouped_gemm_impl=cutlass"])

@@ -8,7 +8,7 @@ import pytest
 from rlinf.config.megatron_settings import translate
 from rlinf.config.schema import ActorConfig, ModelConfig
 from rlinf.models.megatron import te_placeholder
-from rlinf.models.megatron.bridge import SPEC_RECORD_FILE, announce_spec
+from rlinf.models.megatron.bridge import SPEC_RECORD_FILE, announce_spec, spec_record
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,16 @@ def test_the_spec_is_printed_once_and_written_next_to_the_resolved_config(
     written = json.loads((tmp_path / "logs" / SPEC_RECORD_FILE).read_text())
     assert written == record and written["spec"] == spec and written["core_attention"] == attention
     assert written["grouped_gemm_experts"] is te_available  # without TE: actor.model.moe_grouped_gemm (off)
+    assert written["routed_experts"] == ("TEGroupedMLP" if te_available else "SequentialMLP")
     assert written["gradient_accumulation_fusion"] is te_available
+
+
+@pytest.mark.parametrize("te_available", [True, False])
+def test_the_record_names_rlinfs_grouped_experts_when_they_run(te_available):
+    model = ModelConfig(moe_grouped_gemm=True, moe_grouped_gemm_impl="torch")
+    settings = translate(ActorConfig(training_backend="megatron", model=model), te_available=te_available)
+    record = spec_record(settings, te_available)
+    assert record["routed_experts"] == "GroupedGemmExperts" and record["grouped_gemm_experts"] is True
 
 
 def test_without_a_logs_folder_the_spec_is_only_printed(tmp_path, capsys, monkeypatch):

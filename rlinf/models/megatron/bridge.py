@@ -93,7 +93,7 @@ def layer_spec(settings: MegatronSettings, *, te_available: bool):
     if te_available:
         from rlinf.models.megatron.te_spec import te_block_spec
 
-        return te_block_spec
+        return functools.partial(te_block_spec, grouped_experts=settings.grouped_experts)
     from rlinf.models.megatron.spec import te_free_block_spec
 
     return functools.partial(te_free_block_spec, grouped_experts=settings.grouped_experts)
@@ -196,6 +196,7 @@ def spec_record(settings: MegatronSettings, te_available: bool, precision: str =
         "spec": spec_name(te_available),
         "core_attention": "TEDotProductAttention" if te_available else "SDPACoreAttention",
         "grouped_gemm_experts": bool(p["moe_grouped_gemm"] or settings.grouped_experts),
+        "routed_experts": routed_experts(settings, te_available),
         "gradient_accumulation_fusion": bool(p["gradient_accumulation_fusion"]),
         "moe_permute_fusion": bool(p.get("moe_permute_fusion", False)),
         "apply_rope_fusion": bool(p.get("apply_rope_fusion", False)),
@@ -205,6 +206,13 @@ def spec_record(settings: MegatronSettings, te_available: bool, precision: str =
     if precision == "fp32":
         record["fp32_gemms"] = fp32_gemm_mode(te_available)
     return record
+
+
+def routed_experts(settings: MegatronSettings, te_available: bool) -> str:
+    """The module that computes the MoE layers' routed experts in this build."""
+    if settings.grouped_experts:
+        return "GroupedGemmExperts"  # rlinf's, torch grouped_mm (either spec)
+    return "TEGroupedMLP" if te_available else "SequentialMLP"
 
 
 def announce_spec(

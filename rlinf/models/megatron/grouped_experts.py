@@ -1,10 +1,13 @@
-"""Routed MoE experts as grouped GEMMs without Transformer Engine: a drop-in for megatron-core's
-`SequentialMLP` in the TE-free spec (`te_free_block_spec(..., grouped_experts=True)`).
+"""Routed MoE experts as torch grouped GEMMs: a drop-in for megatron-core's `SequentialMLP` in the
+TE-free spec (`te_free_block_spec(..., grouped_experts=True)`) and for `TEGroupedMLP` in the TE spec
+(`te_block_spec(..., grouped_experts=True)`); `use_grouped_experts` puts them in a block's MoE layers.
 
 Why: without TE, megatron-core builds the routed experts as `SequentialMLP`, a Python loop over the
 local experts that leaves a train call host-bound. Here each projection of all local experts is one
 `torch.nn.functional.grouped_mm` call (expert offsets from `tokens_per_expert`), as TE's
-`TEGroupedMLP` does. Contract, maths and parameter names (`linear_fc1.weight{i}`,
+`TEGroupedMLP` does. With TE, TEGroupedMLP's GroupedLinear runs one cuBLAS GEMM per expert when
+TE's fused grouped GEMM is unavailable (it needs cuBLASLt >= 13.4); these experts launch one
+`grouped_mm` per projection whatever the cuBLAS. Contract, maths and parameter names (`linear_fc1.weight{i}`,
 `linear_fc2.weight{i}`) are megatron's, so Megatron-Bridge converts them and SequentialMLP's
 checkpoints load; each forward stacks the per-expert weights (a copy kept for backward). Refused:
 ETP > 1, FP8 / FP4, expert biases, latent MoE, interleaved GLU, delayed weight gradients. Off CUDA
@@ -14,12 +17,16 @@ layout, memory and checks.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.utils import (
     ensure_metadata_has_dp_cp_group,
     make_sharded_tensors_for_checkpoint,
@@ -119,7 +126,7 @@ class GroupedGemmExperts(MegatronModule):
         problems = _unsupported(config, get_pg_size(self.tp_group))
         if problems:
             raise ValueError(
-                "rlinf's grouped-GEMM experts (actor.model.moe_grouped_gemm without Transformer Engine) "
+                "rlinf's grouped-GEMM experts (actor.model.moe_grouped_gemm / moe_grouped_gemm_impl) "
                 "do not support: " + "; ".join(problems)
             )
         ffn = config.moe_ffn_hidden_size
@@ -226,3 +233,26 @@ def _expert_linear(
         return F.grouped_mm(x, torch.stack(weights).transpose(1, 2), offs=offsets)
     rows = x.split(tokens_per_expert.tolist())
     return torch.cat([F.linear(part, weight) for part, weight in zip(rows, weights, strict=True)])
+
+
+def use_grouped_experts(layer_specs: list, spec: str) -> int:
+    """Gives every MoE layer of `layer_specs` (megatron-core TransformerLayer specs, already copied)
+    GroupedGemmExperts as its routed experts; dense layers and the shared experts stay as they are.
+    Returns how many layers changed; `spec` names the block spec in the error when none did."""
+    changed = 0
+    for layer_spec in layer_specs:
+        if (moe := _with_grouped_experts(layer_spec.submodules.mlp)) is not None:
+            layer_spec.submodules.mlp = moe
+            changed += 1
+    if not changed:
+        raise ValueError(f"{spec}: no MoE layer found to give grouped-GEMM experts")
+    return changed
+
+
+def _with_grouped_experts(mlp):
+    """megatron-core's MoE layer builder, `partial(MoELayer, submodules=...)`, with the routed
+    experts replaced by GroupedGemmExperts; None for any other MLP builder (a dense layer's)."""
+    if not (isinstance(mlp, functools.partial) and mlp.func is MoELayer):
+        return None
+    submodules = dataclasses.replace(mlp.keywords["submodules"], experts=GroupedGemmExperts)
+    return functools.partial(MoELayer, *mlp.args, **{**mlp.keywords, "submodules": submodules})

@@ -17,8 +17,6 @@ module swaps in:
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
 
 import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -30,11 +28,10 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from rlinf.models.megatron.grouped_experts import GroupedGemmExperts
+from rlinf.models.megatron.grouped_experts import use_grouped_experts
 
 
 class RMSNorm(torch.nn.Module):
@@ -199,7 +196,6 @@ def te_free_block_spec(config, vp_stage: int | None = None, *, grouped_experts: 
         config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
     )
     layer_specs = []
-    grouped_layers = 0
     for layer_spec in block.layer_specs:
         layer_spec = copy.deepcopy(layer_spec)
         sub = layer_spec.submodules
@@ -212,21 +208,9 @@ def te_free_block_spec(config, vp_stage: int | None = None, *, grouped_experts: 
         attention.submodules.core_attention = SDPACoreAttention
         attention.submodules.q_layernorm = IdentityOp
         attention.submodules.kv_layernorm = IdentityOp  # resolved by LocalMLASelfAttention
-        if grouped_experts and (moe := _with_grouped_experts(sub.mlp)) is not None:
-            sub.mlp = moe
-            grouped_layers += 1
         layer_specs.append(layer_spec)
-    if grouped_experts and config.num_moe_experts and not grouped_layers:
-        raise ValueError("te_free_block_spec: no MoE layer found to give grouped-GEMM experts")
+    if grouped_experts and config.num_moe_experts:
+        use_grouped_experts(layer_specs, "te_free_block_spec")
     block.layer_specs = layer_specs
     block.layer_norm = RMSNorm
     return block
-
-
-def _with_grouped_experts(mlp):
-    """megatron-core's MoE layer builder, `partial(MoELayer, submodules=...)`, with the routed
-    experts replaced by GroupedGemmExperts; None for any other MLP builder (a dense layer's)."""
-    if not (isinstance(mlp, functools.partial) and mlp.func is MoELayer):
-        return None
-    submodules = dataclasses.replace(mlp.keywords["submodules"], experts=GroupedGemmExperts)
-    return functools.partial(MoELayer, *mlp.args, **{**mlp.keywords, "submodules": submodules})

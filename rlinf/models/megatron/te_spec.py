@@ -31,6 +31,8 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mla_qk_norm_config import QKNormConfigResolver
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
+from rlinf.models.megatron.grouped_experts import use_grouped_experts
+
 SPEC_NAME = "transformer_engine"
 
 
@@ -50,8 +52,10 @@ class TEMLASelfAttention(MLASelfAttention):
         return resolve_te_mla_projections(self.config, submodules)
 
 
-def te_block_spec(config, vp_stage: int | None = None):
-    """megatron-core's TE decoder block spec with TEMLASelfAttention in every layer."""
+def te_block_spec(config, vp_stage: int | None = None, *, grouped_experts: bool = False):
+    """megatron-core's TE decoder block spec with TEMLASelfAttention in every layer; with
+    `grouped_experts` (actor.model.moe_grouped_gemm_impl: torch), the MoE layers' routed experts are
+    rlinf's GroupedGemmExperts instead of TEGroupedMLP (rlinf.models.megatron.grouped_experts)."""
     if getattr(config, "mla_down_proj_fusion", False):
         # That spec fuses input_layernorm into the down projections, and TEMLASelfAttention assumes
         # the standalone input norm of the unfused spec.
@@ -71,5 +75,7 @@ def te_block_spec(config, vp_stage: int | None = None):
             raise ValueError("te_block_spec: the layer spec has no standalone input_layernorm")
         attention.module = TEMLASelfAttention
         layer_specs.append(layer_spec)
+    if grouped_experts and config.num_moe_experts:
+        use_grouped_experts(layer_specs, "te_block_spec")
     block.layer_specs = layer_specs
     return block

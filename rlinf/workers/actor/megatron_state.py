@@ -134,8 +134,8 @@ class MegatronActorState:
 
         - The experts: the distributed optimizer's state is saved as flat buffers in parameter
           order, which differs between SequentialMLP and the grouped-GEMM experts, so loading across
-          a change of `actor.model.moe_grouped_gemm` would hand Adam states to the wrong weights,
-          silently.
+          a change of `actor.model.moe_grouped_gemm` (or `moe_grouped_gemm_impl`) would hand Adam
+          states to the wrong weights, silently.
         - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
           with an empty message).
         - The layer spec: TE's and the TE-free one name and shape parameters differently."""
@@ -152,7 +152,7 @@ class MegatronActorState:
         if written != self.megatron_settings.grouped_experts:
             raise CheckpointError(
                 f"{path}: written with the grouped-GEMM experts {'on' if written else 'off'} "
-                "(actor.model.moe_grouped_gemm without Transformer Engine); resume with the same setting"
+                "(actor.model.moe_grouped_gemm / moe_grouped_gemm_impl); resume with the same setting"
             )
         moments = list(loop.get("adam_moments", ["fp32", "fp32"]))
         if moments != self._adam_moments():
