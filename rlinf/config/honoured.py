@@ -125,6 +125,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.save_interval": (ANY.reads(RUNNER),),
     "runner.save_at_end": (ANY.reads(RUNNER),),
     "runner.keep_checkpoints": (ANY.reads(CHECKPOINTING),),
+    "runner.export_hf_interval": (ANY.reads(RUNNER),),
     "runner.resume_dir": (ANY.reads(CHECKPOINTING),),
     "runner.max_consecutive_skips": (ANY.reads(POLICY_UPDATE),),
     # algorithm: advantages on the driver, the loss in the shared policy-loss function

@@ -41,6 +41,7 @@ class RunnerConfig:
     save_interval: int = 0  # doc: checkpoint every N steps (and at the end); 0 = only at the end
     save_at_end: bool = True  # doc: checkpoint after the last step (and on a stop signal); false for throwaway runs such as benchmarks
     keep_checkpoints: int = 2  # doc: keep the last K checkpoints
+    export_hf_interval: int = 0  # doc: also write the actor's weights as a Hugging Face folder (config, tokenizer) to <output_dir>/<experiment_name>/hf/step_<N> every N steps and after the last step; none is pruned; 0 = never
     resume_dir: str | None = None  # doc: "auto" (latest of this experiment), a checkpoint path, or null
     max_consecutive_skips: int = 3  # doc: abort after this many non-finite optimizer steps in a row
 

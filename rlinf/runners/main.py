@@ -65,7 +65,7 @@ def _main(argv: list[str] | None) -> int:
     return run(cfg)
 
 
-def _classify(err: BaseException) -> tuple[int, str] | None:
+def classify_input_error(err: BaseException) -> tuple[int, str] | None:
     """(exit code, label) for bad user input; None for anything else (a bug keeps its traceback)."""
     from rlinf.config.typed import ConfigError
     from rlinf.data.records import DatasetError
@@ -84,7 +84,7 @@ def _classify(err: BaseException) -> tuple[int, str] | None:
 
 
 def _report_input_error(err: Exception) -> int:
-    kind = _classify(err)
+    kind = classify_input_error(err)
     if kind is None:
         raise err
     code, label = kind
@@ -105,7 +105,7 @@ def with_resolved_model_paths(cfg, resolve):
 def worker_failure_code(err: Exception) -> int:
     """A worker's failure exits RUN_FAILED, unless it was bad input found inside the worker (e.g. a
     checkpoint shard only the actor reads): then the code of that input's class, as on the driver."""
-    kind = _classify(err.__cause__) if err.__cause__ is not None else None
+    kind = classify_input_error(err.__cause__) if err.__cause__ is not None else None
     return kind[0] if kind else exit_codes.RUN_FAILED
 
 

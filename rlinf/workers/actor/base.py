@@ -140,6 +140,11 @@ class ActorWorker(ABC):
         every rank is called with the same directory and writes its shard (or nothing)."""
 
     @abstractmethod
+    def export_hf(self, directory: str) -> None:
+        """The current weights as a Hugging Face save_pretrained folder (config and tokenizer
+        included) in the existing, empty `directory`. Collective: every rank is called; one writes."""
+
+    @abstractmethod
     def load(self, directory: str) -> None:
         """Restore what save wrote (collective); errors name the missing or corrupt file."""
 
