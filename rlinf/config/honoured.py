@@ -58,6 +58,9 @@ SGLANG_ROLLOUT = Backend(
 )
 COLOCATED_ON_GPU = Backend("actor and rollout colocated on the same GPUs", _colocated_on_gpu)
 MATH_DATA = Backend("data.type=math", lambda cfg: cfg.data.type == "math")
+WANDB_LOGGER = Backend(
+    "runner.logger.logger_backends with wandb", lambda cfg: "wandb" in cfg.runner.logger.logger_backends
+)
 SYNTHETIC_DATA = Backend("data.type=synthetic", lambda cfg: cfg.data.type == "synthetic")
 
 VALIDATE = "rlinf.config.validate"
@@ -118,6 +121,9 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.logger.log_path": (ANY.reads(MAIN),),
     "runner.logger.logger_backends": (ANY.reads(MAIN),),
     "runner.logger.plot": (ANY.reads(MAIN),),
+    "runner.logger.wandb.project": (WANDB_LOGGER.reads(MAIN),),
+    "runner.logger.wandb.name": (WANDB_LOGGER.reads(MAIN),),
+    "runner.logger.wandb.tags": (WANDB_LOGGER.reads(MAIN),),
     "runner.seed": (ANY.reads(RUNNER, DATA_SETUP),),
     "runner.max_epochs": (ANY.reads(CHECKPOINTING),),  # planned_steps: the runner's and the resume probe's
     "runner.max_steps": (ANY.reads(CHECKPOINTING),),

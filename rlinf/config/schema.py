@@ -21,11 +21,19 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    project: str = "rlinf"  # doc: the wandb project the run logs to
+    name: str | None = None  # doc: the wandb run's name; null = runner.experiment_name
+    tags: tuple[str, ...] = ()  # doc: the wandb run's tags
+
+
+@dataclass(frozen=True)
 class LoggerConfig:
     log_path: str | None = None  # doc: TensorBoard / resolved-config dir; null = ./logs/<experiment_name>
     logger_backends: tuple[str, ...] = (
         "tensorboard",
-    )  # doc: metric sinks (tensorboard); the console line is always printed
+    )  # doc: metric sinks: tensorboard, wandb (needs the wandb extra: bash requirements/install.sh embedded --wandb); the console line and metrics.jsonl are always written
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # doc: wandb run settings (logger_backends includes wandb)
     plot: bool = True  # doc: save a PNG of reward and validation accuracy per step next to the logs
 
 

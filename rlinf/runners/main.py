@@ -113,6 +113,15 @@ def describe_failure(err: Exception, last_good: Path | str | None) -> str:
     return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
 
 
+def wandb_run(cfg):
+    """The wandb run's settings (used when runner.logger.logger_backends includes wandb)."""
+    from rlinf.config.typed import to_dict
+    from rlinf.utils.wandb_sink import WandbRun
+
+    w = cfg.runner.logger.wandb
+    return WandbRun(w.project, w.name or cfg.runner.experiment_name, tuple(w.tags), to_dict(cfg))
+
+
 def run(cfg) -> int:
     """Train with a validated config; returns the exit code (bad input is reported, not raised)."""
     try:
@@ -176,7 +185,7 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
 
     log_path = Path(cfg.runner.logger.log_path)
     save_resolved_config(cfg, log_path)
-    metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)
+    metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends, wandb_run(cfg))
     joined_ray = not ray.is_initialized()
     runner, roles = None, None
 
