@@ -30,10 +30,9 @@ class WandbConfig:
 @dataclass(frozen=True)
 class LoggerConfig:
     log_path: str | None = None  # doc: TensorBoard / resolved-config dir; null = ./logs/<experiment_name>
-    logger_backends: tuple[str, ...] = (
-        "tensorboard",
-    )  # doc: metric sinks: tensorboard, wandb (needs the wandb extra: bash requirements/install.sh embedded --wandb); the console line and metrics.jsonl are always written
-    wandb: WandbConfig = field(default_factory=WandbConfig)  # doc: wandb run settings (logger_backends includes wandb)
+    # doc: metric sinks: tensorboard, wandb (the wandb extra: bash requirements/install.sh embedded --wandb); the console line and metrics.jsonl are always written
+    logger_backends: tuple[str, ...] = ("tensorboard",)
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # doc: the wandb run (logger_backends with wandb)
     plot: bool = True  # doc: save a PNG of reward and validation accuracy per step next to the logs
 
 

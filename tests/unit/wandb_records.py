@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,13 +25,24 @@ class OfflineRun:
     history: list[dict] = field(default_factory=list)  # one dict per logged step, with "_step"
 
 
-def read_offline_run(run_file: Path) -> OfflineRun:
+def read_offline_run(run_file: Path, timeout_s: float = 60.0) -> OfflineRun:
+    """The run, once its log holds the exit record: wandb's service process (wandb-core) may still
+    be writing after `run.finish()` returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run, finished = _parse(run_file.read_bytes(), run_file)
+        if finished or time.monotonic() > deadline:
+            assert finished, f"{run_file}: no exit record after {timeout_s} s"
+            return run
+        time.sleep(0.2)
+
+
+def _parse(data: bytes, run_file: Path) -> tuple[OfflineRun, bool]:
     from wandb.proto import wandb_internal_pb2
 
-    data = run_file.read_bytes()
     ident, magic, version = struct.unpack("<4sHB", data[:7])
     assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), f"{run_file}: not a wandb transaction log"
-    run = OfflineRun()
+    run, finished = OfflineRun(), False
     for payload in _records(data):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
@@ -41,8 +53,12 @@ def read_offline_run(run_file: Path) -> OfflineRun:
         elif kind == "config":
             _update(run.config, record.config)
         elif kind == "history":
-            run.history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
-    return run
+            run.history.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
+        elif kind == "exit":
+            finished = True
+    return run, finished
 
 
 def _update(config: dict, record) -> None:
