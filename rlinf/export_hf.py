@@ -84,7 +84,11 @@ def _rank_main(rank: int, world: int, step_dir: Path, folder: Path, cfg, port: i
     from rlinf.runners.main import classify_input_error
 
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     try:
         megatron_rank_export(rank, world, step_dir, folder, cfg, device="cuda")

@@ -105,7 +105,9 @@ def actor_ranks(cfg: Config) -> int:
     return max(len(placement_of(cfg).gpus["actor"]), 1)
 
 
-def megatron_rank_export(rank: int, world: int, step_dir: Path, folder: Path, cfg: Config, device: str) -> None:
+def megatron_rank_export(
+    rank: int, world: int, step_dir: Path, folder: Path, cfg: Config, device: str
+) -> None:
     """One rank of a Megatron export: the actor at the checkpoint's layout, its shard, the export."""
     import torch.distributed as dist
 

@@ -30,7 +30,10 @@ INSTALL_HINT = (
 
 # Metric sinks (runner.logger.logger_backends) outside the embedded stack: (module, install command).
 LOGGER_PACKAGES = {
-    "wandb": ("wandb", "bash requirements/install.sh embedded --wandb (or pip install -r requirements/wandb.txt)"),
+    "wandb": (
+        "wandb",
+        "bash requirements/install.sh embedded --wandb (or pip install -r requirements/wandb.txt)",
+    ),
 }
 
 
@@ -64,7 +67,9 @@ def check_backends(cfg: Config) -> None:
     for backend in cfg.runner.logger.logger_backends:
         module, install = LOGGER_PACKAGES.get(backend, (None, ""))
         if module is not None and importlib.util.find_spec(module) is None:
-            problems.append(f"runner.logger.logger_backends: {backend} needs the Python package '{module}', not installed")
+            problems.append(
+                f"runner.logger.logger_backends: {backend} needs the Python package '{module}', not installed"
+            )
             hints.append(f"install it with: {install}")
     if problems:
         raise BackendUnavailableError("\n".join(["cannot run this recipe here:", *problems, *hints]))

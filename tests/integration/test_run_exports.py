@@ -64,14 +64,19 @@ def test_hf_folders_every_interval_and_after_the_last_step(finished_run, tmp_pat
     exports = root / "hf"
     assert sorted(p.name for p in exports.iterdir()) == ["step_2", "step_3"]  # interval 2, and the end
     for step in (2, 3):
-        assert_same(weights(exports / f"step_{step}"), weights(root / "checkpoints" / f"step_{step}" / "actor" / "model"))
+        assert_same(
+            weights(exports / f"step_{step}"),
+            weights(root / "checkpoints" / f"step_{step}" / "actor" / "model"),
+        )
     assert (exports / "step_3" / "tokenizer.json").is_file()
     # The export tool on the run's final checkpoint writes the same weights.
     assert export_main([str(root / "checkpoints" / "step_3"), str(tmp_path / "hf")]) == 0
     assert_same(weights(tmp_path / "hf"), weights(exports / "step_3"))
 
 
-@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (bash requirements/install.sh embedded --wandb)")
+@pytest.mark.skipif(
+    not HAS_WANDB, reason="wandb not installed (bash requirements/install.sh embedded --wandb)"
+)
 def test_wandb_offline_run_holds_the_metrics_and_the_resolved_config(finished_run):
     from tests.unit.wandb_records import offline_run_file, read_offline_run
 

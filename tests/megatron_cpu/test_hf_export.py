@@ -58,10 +58,10 @@ def trained(tmp_path_factory) -> Path:
 
 
 def test_tp2_export_loads_in_transformers_with_the_actors_logprobs(trained, tmp_path):
-    from rlinf.models.hf_checkpoint import load_causal_lm, load_tokenizer
-    from rlinf.models.logprobs import response_logprobs
     from safetensors.torch import load_file
 
+    from rlinf.models.hf_checkpoint import load_causal_lm, load_tokenizer
+    from rlinf.models.logprobs import response_logprobs
     from rlinf.runners.hf_export import export_checkpoint
 
     def two_gloo_ranks(cfg, step_dir: Path, folder: Path) -> None:
@@ -92,7 +92,9 @@ def test_tp2_export_loads_in_transformers_with_the_actors_logprobs(trained, tmp_
     mask = batch.response_mask.bool()
     implementations_gap = float((at_base - want["before"])[mask].abs().max())
     export_gap = float((got - want["after"])[mask].abs().max())
-    print(f"HF vs actor logprobs, max |diff|: base {implementations_gap:.3g}, trained export {export_gap:.3g}")
+    print(
+        f"HF vs actor logprobs, max |diff|: base {implementations_gap:.3g}, trained export {export_gap:.3g}"
+    )
     assert implementations_gap < 1e-4
     assert export_gap <= max(1e-5, 1.5 * implementations_gap)
     # The update moved the logprobs far more than that: the export holds the trained weights.

@@ -16,10 +16,11 @@ from rlinf.workers.backends import ACTOR_BACKENDS, REWARD_WORKER, ROLLOUT_BACKEN
 
 RLINF = Path(__file__).resolve().parents[2] / "rlinf"
 
-# Top to bottom. The runner drives role facades (scheduler), which start workers; workers run
+# Top to bottom. Command-line entry points (python -m rlinf.export_hf) drive the runners' code; the runner drives role facades (scheduler), which start workers; workers run
 # models with algorithms and checkpoint them (utils); at the bottom, packages that need nothing
 # else of rlinf: the typed config, data and RolloutBatch, the math grader, weight transfer.
 LAYERS = (
+    ("export_hf",),
     ("runners",),
     ("scheduler",),
     ("workers",),

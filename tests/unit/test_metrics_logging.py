@@ -118,7 +118,11 @@ def test_wandb_offline_run_holds_every_logged_step_and_the_run_settings(tmp_path
     run = read_offline_run(offline_run_file(tmp_path))
     assert (run.project, run.name, run.tags) == ("proj", "exp", ["a", "b"])
     assert run.config["runner"] == {"seed": 7} and run.config["algorithm"] == {"group_size": 4}
-    assert [(row["_step"], row["rollout/reward_mean"]) for row in run.history] == [(1, 0.5), (2, 1.0), (3, 1.5)]
+    assert [(row["_step"], row["rollout/reward_mean"]) for row in run.history] == [
+        (1, 0.5),
+        (2, 1.0),
+        (3, 1.5),
+    ]
     assert not any("bad" in row for row in run.history)
     assert not (tmp_path / "events.out.tfevents").exists() and not list(tmp_path.glob("events.*"))
 
@@ -130,7 +134,9 @@ def test_wandb_chosen_without_the_package_names_the_install_command(monkeypatch)
     from rlinf.workers.backends import BackendUnavailableError, check_backends
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     cfg = load_config("tiny-moe-grpo-cpu", ["runner.logger.logger_backends=[tensorboard,wandb]"])
     with pytest.raises(BackendUnavailableError, match="install.sh embedded --wandb"):
         check_backends(cfg)

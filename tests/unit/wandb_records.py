@@ -48,13 +48,20 @@ def _parse(data: bytes, run_file: Path) -> tuple[OfflineRun, bool]:
         record.ParseFromString(payload)
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            run.project, run.name, run.tags = record.run.project, record.run.display_name, list(record.run.tags)
+            run.project, run.name, run.tags = (
+                record.run.project,
+                record.run.display_name,
+                list(record.run.tags),
+            )
             _update(run.config, record.run.config)
         elif kind == "config":
             _update(run.config, record.config)
         elif kind == "history":
             run.history.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
             )
         elif kind == "exit":
             finished = True
