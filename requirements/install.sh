@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install rlinf's Python stack.
 #   bash requirements/install.sh embedded [--dev] [--wandb] [--venv DIR]   CPU / single-device stack (tiny
-#                                                 model, tests, CI); --wandb adds the wandb logger (dev has it)
+#                                                 model, tests, CI); --wandb adds the wandb logger
 #   bash requirements/install.sh agentic [options]               GPU stack: SGLang rollout + Megatron actor
 #   bash requirements/install.sh agentic -h                      the agentic options
 #   bash requirements/install.sh megatron-cpu --venv DIR         Python 3.12 stack for tests/megatron_cpu (CI)
