@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run pip's resolver (a dry run: nothing is installed) with a current pip in a throwaway venv.
-#   bash requirements/resolve.sh embedded              requirements/dev.txt, for this machine's Python
+#   bash requirements/resolve.sh embedded              requirements/dev.txt + wandb.txt, for this machine's Python
 #   bash requirements/resolve.sh agentic COMBO         requirements/agentic/COMBO/lock.txt, for
 #                                                      CPython 3.12 manylinux x86_64 (any host)
 #   bash requirements/resolve.sh agentic COMBO --lock  resolve COMBO/intent.txt and rewrite lock.txt
@@ -46,7 +46,7 @@ case "${TARGET}" in
     # This machine's pip configuration applies, as it does for install.sh embedded (here that
     # includes find-links /opt/wheels, where torch 2.13.0+cpu lies; elsewhere torch comes from the index).
     "${PIP[@]}" install --disable-pip-version-check --dry-run --ignore-installed "${INDEX[@]}" \
-      -r "${REPO_ROOT}/requirements/dev.txt"
+      -r "${REPO_ROOT}/requirements/dev.txt" -r "${REPO_ROOT}/requirements/wandb.txt"
     ;;
   agentic)
     COMBO_DIR="${REPO_ROOT}/requirements/agentic/${COMBO}"

@@ -58,6 +58,9 @@ SGLANG_ROLLOUT = Backend(
 )
 COLOCATED_ON_GPU = Backend("actor and rollout colocated on the same GPUs", _colocated_on_gpu)
 MATH_DATA = Backend("data.type=math", lambda cfg: cfg.data.type == "math")
+WANDB_LOGGER = Backend(
+    "runner.logger.logger_backends with wandb", lambda cfg: "wandb" in cfg.runner.logger.logger_backends
+)
 SYNTHETIC_DATA = Backend("data.type=synthetic", lambda cfg: cfg.data.type == "synthetic")
 
 VALIDATE = "rlinf.config.validate"
@@ -119,6 +122,9 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.logger.log_path": (ANY.reads(MAIN),),
     "runner.logger.logger_backends": (ANY.reads(MAIN),),
     "runner.logger.plot": (ANY.reads(MAIN),),
+    "runner.logger.wandb.project": (WANDB_LOGGER.reads(MAIN),),
+    "runner.logger.wandb.name": (WANDB_LOGGER.reads(MAIN),),
+    "runner.logger.wandb.tags": (WANDB_LOGGER.reads(MAIN),),
     "runner.seed": (ANY.reads(RUNNER, DATA_SETUP),),
     "runner.max_epochs": (ANY.reads(CHECKPOINTING),),  # planned_steps: the runner's and the resume probe's
     "runner.max_steps": (ANY.reads(CHECKPOINTING),),
@@ -126,6 +132,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.save_interval": (ANY.reads(RUNNER),),
     "runner.save_at_end": (ANY.reads(RUNNER),),
     "runner.keep_checkpoints": (ANY.reads(CHECKPOINTING),),
+    "runner.export_hf_interval": (ANY.reads(RUNNER),),
     "runner.resume_dir": (ANY.reads(CHECKPOINTING),),
     "runner.max_consecutive_skips": (ANY.reads(POLICY_UPDATE),),
     # algorithm: advantages on the driver, the loss in the shared policy-loss function

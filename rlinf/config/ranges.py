@@ -66,6 +66,7 @@ RANGES: dict[str, Range] = {
     "runner.max_steps": Range(1, also=(-1,), why="-1 = bounded by runner.max_epochs only"),
     "runner.val_check_interval": NON_NEGATIVE,
     "runner.save_interval": NON_NEGATIVE,
+    "runner.export_hf_interval": NON_NEGATIVE,
     "runner.keep_checkpoints": AT_LEAST_1,
     "runner.max_consecutive_skips": NON_NEGATIVE,
     "algorithm.group_size": Range(2, why="group advantages need 2+ responses per prompt"),

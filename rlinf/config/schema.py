@@ -22,11 +22,18 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    project: str = "rlinf"  # doc: the wandb project the run logs to
+    name: str | None = None  # doc: the wandb run's name; null = runner.experiment_name
+    tags: tuple[str, ...] = ()  # doc: the wandb run's tags
+
+
+@dataclass(frozen=True)
 class LoggerConfig:
     log_path: str | None = None  # doc: TensorBoard / resolved-config dir; null = ./logs/<experiment_name>
-    logger_backends: tuple[str, ...] = (
-        "tensorboard",
-    )  # doc: metric sinks (tensorboard); the console line is always printed
+    # doc: metric sinks: tensorboard, wandb (the wandb extra: bash requirements/install.sh embedded --wandb); the console line and metrics.jsonl are always written
+    logger_backends: tuple[str, ...] = ("tensorboard",)
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # doc: the wandb run (logger_backends with wandb)
     plot: bool = True  # doc: save a PNG of reward and validation accuracy per step next to the logs
 
 
@@ -42,6 +49,7 @@ class RunnerConfig:
     save_interval: int = 0  # doc: checkpoint every N steps (and at the end); 0 = only at the end
     save_at_end: bool = True  # doc: checkpoint after the last step (and on a stop signal); false for throwaway runs such as benchmarks
     keep_checkpoints: int = 2  # doc: keep the last K checkpoints
+    export_hf_interval: int = 0  # doc: also write the actor's weights as a Hugging Face folder (config, tokenizer) to <output_dir>/<experiment_name>/hf/step_<N> every N steps and after the last step; none is pruned; 0 = never
     resume_dir: str | None = None  # doc: "auto" (latest of this experiment), a checkpoint path, or null
     max_consecutive_skips: int = 3  # doc: abort after this many non-finite optimizer steps in a row
 

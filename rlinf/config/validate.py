@@ -21,7 +21,7 @@ REWARD_TYPES = ("math",)
 TRAINING_BACKENDS = ("torch", "megatron")
 ROLLOUT_BACKENDS = ("torch", "sglang")
 MODEL_TYPES = ("deepseek_v3",)
-LOGGER_BACKENDS = ("tensorboard",)
+LOGGER_BACKENDS = ("tensorboard", "wandb")
 # Backends that record (rollout) and replay (actor) MoE routing (algorithm.routing_replay).
 ROUTING_RECORDING_ROLLOUTS = ("torch", "sglang")
 ROUTING_REPLAYING_ACTORS = ("torch", "megatron")

@@ -13,6 +13,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.prompt_loader import prompts_per_step, training_loader
 from rlinf.runners.checkpointing import RunCheckpointer, planned_steps
 from rlinf.runners.colocation import ColocatedMemory
+from rlinf.runners.hf_export import export_during_run
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
@@ -67,7 +68,11 @@ class GRPORunner:
                 )
                 if r.save_interval > 0 and self.step % r.save_interval == 0:
                     self.save()
+                if r.export_hf_interval > 0 and self.step % r.export_hf_interval == 0:
+                    self.export_hf()
         last = self.save() if r.save_at_end else None
+        if r.export_hf_interval > 0 and self.step % r.export_hf_interval != 0:
+            self.export_hf()
         if self.stop.requested:
             where = f"checkpoint saved to {last}" if last else "no checkpoint (runner.save_at_end: false)"
             print(f"stopped by {self.stop.signal_name} after step {self.step}; {where}", flush=True)
@@ -76,6 +81,12 @@ class GRPORunner:
     def save(self) -> Path:
         with self.memory.around_checkpoint():
             return self.checkpointer.save(self.step, self.carried)
+
+    def export_hf(self) -> Path:
+        with self.memory.around_checkpoint():
+            folder = export_during_run(self.cfg, self.roles, self.step)
+        print(f"exported the actor's weights as a Hugging Face folder: {folder}", flush=True)
+        return folder
 
     def train_step(self) -> dict[str, float]:
         a, roles = self.cfg.algorithm, self.roles

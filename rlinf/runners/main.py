@@ -65,7 +65,7 @@ def _main(argv: list[str] | None) -> int:
     return run(cfg)
 
 
-def _classify(err: BaseException) -> tuple[int, str] | None:
+def classify_input_error(err: BaseException) -> tuple[int, str] | None:
     """(exit code, label) for bad user input; None for anything else (a bug keeps its traceback)."""
     from rlinf.config.typed import ConfigError
     from rlinf.data.records import DatasetError
@@ -84,7 +84,7 @@ def _classify(err: BaseException) -> tuple[int, str] | None:
 
 
 def _report_input_error(err: Exception) -> int:
-    kind = _classify(err)
+    kind = classify_input_error(err)
     if kind is None:
         raise err
     code, label = kind
@@ -105,12 +105,21 @@ def with_resolved_model_paths(cfg, resolve):
 def worker_failure_code(err: Exception) -> int:
     """A worker's failure exits RUN_FAILED, unless it was bad input found inside the worker (e.g. a
     checkpoint shard only the actor reads): then the code of that input's class, as on the driver."""
-    kind = _classify(err.__cause__) if err.__cause__ is not None else None
+    kind = classify_input_error(err.__cause__) if err.__cause__ is not None else None
     return kind[0] if kind else exit_codes.RUN_FAILED
 
 
 def describe_failure(err: Exception, last_good: Path | str | None) -> str:
     return f"run stopped: {err}\nlast good checkpoint: {last_good or 'none (no checkpoint was saved)'}"
+
+
+def wandb_run(cfg):
+    """The wandb run's settings (used when runner.logger.logger_backends includes wandb)."""
+    from rlinf.config.typed import to_dict
+    from rlinf.utils.wandb_sink import WandbRun
+
+    w = cfg.runner.logger.wandb
+    return WandbRun(w.project, w.name or cfg.runner.experiment_name, tuple(w.tags), to_dict(cfg))
 
 
 def run(cfg) -> int:
@@ -179,7 +188,7 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
 
     log_path = Path(cfg.runner.logger.log_path)
     save_resolved_config(cfg, log_path)
-    metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends)
+    metrics = MetricLogger(log_path, cfg.runner.logger.logger_backends, wandb_run(cfg))
     joined_ray = not ray.is_initialized()
     runner, roles = None, None
 

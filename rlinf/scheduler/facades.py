@@ -161,6 +161,9 @@ class ActorGroup(GroupFacade):
     def load(self, directory: str) -> None:
         self.group.call("load", directory)
 
+    def export_hf(self, directory: str) -> None:
+        self.group.call("export_hf", directory)
+
     def offload(self) -> dict[str, float]:
         """Collective; the reporting ranks' metrics (e.g. memory freed), averaged."""
         results = self.group.call("offload")

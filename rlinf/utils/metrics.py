@@ -1,4 +1,5 @@
-"""Metric sinks: TensorBoard event files, a JSONL history (for plots and resume), a console line."""
+"""Metric sinks: TensorBoard event files, wandb (optional), a JSONL history (for plots and resume),
+a console line."""
 
 from __future__ import annotations
 
@@ -7,17 +8,34 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlinf.utils.wandb_sink import WandbRun
 
 HISTORY_FILE = "metrics.jsonl"
 
 
 class MetricLogger:
-    def __init__(self, log_path: str | Path, backends: tuple[str, ...] = ("tensorboard",)) -> None:
+    def __init__(
+        self,
+        log_path: str | Path,
+        backends: tuple[str, ...] = ("tensorboard",),
+        wandb_run: WandbRun | None = None,
+    ) -> None:
+        """`wandb_run`: the run's settings, needed when `backends` includes wandb."""
         self.log_path = Path(log_path)
         self.log_path.mkdir(parents=True, exist_ok=True)
         self.writer = None
         if "tensorboard" in backends:
             self.writer = self._tensorboard()
+        self.wandb = None
+        if "wandb" in backends:
+            if wandb_run is None:
+                raise ValueError("the wandb metric sink needs the run's settings (wandb_run)")
+            from rlinf.utils.wandb_sink import WandbSink
+
+            self.wandb = WandbSink(wandb_run, self.log_path)
         self.history_path = self.log_path / HISTORY_FILE
 
     def _tensorboard(self, purge_step: int | None = None):
@@ -31,6 +49,8 @@ class MetricLogger:
             for key, value in clean.items():
                 self.writer.add_scalar(key, value, step)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(clean, step)
         with self.history_path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
 
@@ -52,6 +72,9 @@ class MetricLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
 
 class PhaseTimer:

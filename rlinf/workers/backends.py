@@ -28,6 +28,15 @@ INSTALL_HINT = (
 )
 
 
+# Metric sinks (runner.logger.logger_backends) outside the embedded stack: (module, install command).
+LOGGER_PACKAGES = {
+    "wandb": (
+        "wandb",
+        "bash requirements/install.sh embedded --wandb (or pip install -r requirements/wandb.txt)",
+    ),
+}
+
+
 class BackendUnavailableError(RuntimeError):
     """A recipe asks for a backend this machine cannot run."""
 
@@ -54,5 +63,13 @@ def _missing(module: str) -> bool:
 
 def check_backends(cfg: Config) -> None:
     problems = missing_backend_packages(cfg)
+    hints = [INSTALL_HINT] if problems else []
+    for backend in cfg.runner.logger.logger_backends:
+        module, install = LOGGER_PACKAGES.get(backend, (None, ""))
+        if module is not None and importlib.util.find_spec(module) is None:
+            problems.append(
+                f"runner.logger.logger_backends: {backend} needs the Python package '{module}', not installed"
+            )
+            hints.append(f"install it with: {install}")
     if problems:
-        raise BackendUnavailableError("\n".join(["cannot run this recipe here:", *problems, INSTALL_HINT]))
+        raise BackendUnavailableError("\n".join(["cannot run this recipe here:", *problems, *hints]))

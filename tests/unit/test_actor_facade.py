@@ -34,7 +34,8 @@ class FakePolicy(ActorWorker):
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, None]:
         return expected_old(rows.trimmed()), None
 
-    train = update_policy = export_weights = device_weights = save = load = offload = onload = None  # type: ignore[assignment]
+    train = update_policy = export_weights = device_weights = save = None  # type: ignore[assignment]
+    load = export_hf = offload = onload = None  # type: ignore[assignment]
 
 
 class FakeRanks:

@@ -16,7 +16,8 @@ class TwoWeights(ActorWorker):
         yield "a.weight", torch.ones(4)
         yield "b.weight", torch.zeros(2, dtype=torch.bfloat16)
 
-    dp_info = policy_logprobs = update_policy = export_weights = save = load = offload = onload = None  # type: ignore[assignment]
+    dp_info = policy_logprobs = update_policy = export_weights = save = None  # type: ignore[assignment]
+    load = export_hf = offload = onload = None  # type: ignore[assignment]
 
 
 def sync(actor: ActorWorker) -> list[list[str]]:

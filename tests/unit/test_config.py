@@ -67,8 +67,8 @@ def test_moonlight_recipe_fields():
         ("algorithm.group_size=1", "algorithm.group_size: 1 is out of range; it must be >= 2"),
         ("cluster.num_gpus_per_node=2", "the torch actor runs on one device but 2 GPUs are placed"),
         (
-            "runner.logger.logger_backends=[wandb]",
-            "runner.logger.logger_backends: 'wandb' is not one of tensorboard",
+            "runner.logger.logger_backends=[mlflow]",
+            "runner.logger.logger_backends: 'mlflow' is not one of tensorboard, wandb",
         ),
     ],
 )

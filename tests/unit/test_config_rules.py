@@ -26,8 +26,8 @@ CASES = [
     (
         "check_names",
         TINY,
-        ["runner.logger.logger_backends=[wandb]"],
-        "runner.logger.logger_backends: 'wandb'",
+        ["runner.logger.logger_backends=[mlflow]"],
+        "runner.logger.logger_backends: 'mlflow'",
     ),
     ("check_ranges", TINY, ["algorithm.group_size=1"], "algorithm.group_size: 1 is out of range"),
     ("check_ranges", TINY, ["algorithm.ratio_clip_eps=1.5"], "ratio_clip_eps: 1.5 is out of range"),

@@ -16,10 +16,12 @@ from rlinf.workers.backends import ACTOR_BACKENDS, REWARD_WORKER, ROLLOUT_BACKEN
 
 RLINF = Path(__file__).resolve().parents[2] / "rlinf"
 
-# Top to bottom. The runner drives role facades (scheduler), which start workers; workers run
-# models with algorithms and checkpoint them (utils); at the bottom, packages that need nothing
-# else of rlinf: the typed config, data and RolloutBatch, the math grader, weight transfer.
+# Top to bottom. Command-line tools (python -m rlinf.export_hf) use the runners' code; the runner
+# drives role facades (scheduler), which start workers; workers run models with algorithms and
+# checkpoint them (utils); at the bottom, packages that need nothing else of rlinf: the typed
+# config, data and RolloutBatch, the math grader, weight transfer.
 LAYERS = (
+    ("export_hf",),
     ("runners",),
     ("scheduler",),
     ("workers",),
@@ -191,7 +193,7 @@ def test_the_checks_see_up_sideways_lazy_relative_and_backend_imports_and_cycles
     assert graph["rlinf.config.schema"] == {"rlinf.runners.main"}
     assert graph["rlinf.runners.main"] == {"rlinf.models.a", "rlinf.workers.one"}
     assert forbidden_arrows(graph) == [
-        "rlinf.config.schema imports rlinf.runners.main: up from layer 5 to 0",
+        "rlinf.config.schema imports rlinf.runners.main: up from layer 6 to 1",
         "rlinf.data.batch imports rlinf.rewards.grader: sideways within layer "
         "('config', 'data', 'rewards', 'weight_sync')",
         "rlinf.workers.one imports rlinf.workers.two: one backend depends on another",

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from rlinf.data.batch import RolloutBatch
@@ -99,3 +100,43 @@ def test_validation_chunks_merge_without_group_collisions():
     assert groups.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     mean_k, pass_k = pass_at_k(correct, groups)
     assert (mean_k, pass_k) == (0.25, 0.5)  # colliding ids would have given pass@2 = 1.0
+
+
+def test_wandb_offline_run_holds_every_logged_step_and_the_run_settings(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra: bash requirements/install.sh embedded --wandb")
+    from rlinf.utils.wandb_sink import WandbRun
+    from tests.unit.wandb_records import offline_run_file, read_offline_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    config = {"runner": {"seed": 7}, "algorithm": {"group_size": 4}}
+    logger = MetricLogger(tmp_path, ("wandb",), WandbRun("proj", "exp", ("a", "b"), config))
+    for step in range(1, 4):
+        logger.log({"rollout/reward_mean": step * 0.5, "bad": float("nan")}, step)
+    logger.close()
+    run = read_offline_run(offline_run_file(tmp_path))
+    assert (run.project, run.name, run.tags) == ("proj", "exp", ["a", "b"])
+    assert run.config["runner"] == {"seed": 7} and run.config["algorithm"] == {"group_size": 4}
+    assert [(row["_step"], row["rollout/reward_mean"]) for row in run.history] == [
+        (1, 0.5),
+        (2, 1.0),
+        (3, 1.5),
+    ]
+    assert not any("bad" in row for row in run.history)
+    assert not (tmp_path / "events.out.tfevents").exists() and not list(tmp_path.glob("events.*"))
+
+
+def test_wandb_chosen_without_the_package_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    from rlinf.config import load_config
+    from rlinf.workers.backends import BackendUnavailableError, check_backends
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    cfg = load_config("tiny-moe-grpo-cpu", ["runner.logger.logger_backends=[tensorboard,wandb]"])
+    with pytest.raises(BackendUnavailableError, match="install.sh embedded --wandb"):
+        check_backends(cfg)

@@ -141,6 +141,11 @@ class ActorWorker(ABC):
         the optimizer steps taken (the LR schedule's position), which the checkpoint records."""
 
     @abstractmethod
+    def export_hf(self, directory: str) -> None:
+        """The current weights as a Hugging Face save_pretrained folder (config and tokenizer
+        included) in the existing, empty `directory`. Collective: every rank is called; one writes."""
+
+    @abstractmethod
     def load(self, directory: str) -> None:
         """Restore what save wrote (collective); errors name the missing or corrupt file."""
 

@@ -124,6 +124,28 @@ class MegatronActorState:
         with self._resident():
             self._load(directory)
 
+    def export_hf(self, directory: str) -> None:
+        """Collective: every rank takes part in the bridge's gathers (the weight sync's export);
+        global rank 0 writes the folder, with the base checkpoint's config and tokenizer."""
+        import torch.distributed as dist
+
+        from rlinf.models.hf_export import write_hf_folder
+        from rlinf.models.tiny import resolve_model_path
+
+        m = self.cfg.actor.model
+        with self._resident():
+            if dist.get_rank() == 0:
+                write_hf_folder(
+                    self.iter_hf_weights(cpu=True),
+                    resolve_model_path(m.model_path),
+                    Path(directory),
+                    trust_remote_code=m.trust_remote_code,
+                )
+            else:
+                for _ in self.iter_hf_weights(cpu=False):  # each gathered copy is dropped at once
+                    pass
+        dist.barrier()
+
     def _adam_moments(self) -> list[str]:
         """The dtypes (exp_avg, exp_avg_sq) this actor's optimizer keeps its Adam moments in."""
         o = self.cfg.actor.optim

@@ -282,6 +282,13 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         torch.save(state, path / ACTOR_STATE_FILE)
         return self.scheduler.last_epoch  # LambdaLR counts its steps as epochs: one per optimizer step
 
+    def export_hf(self, directory: str) -> None:
+        """Rank 0 writes: the same folder a checkpoint keeps under actor/model."""
+        if self.dp.rank != 0:
+            return
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
     def load(self, directory: str) -> None:
         path = Path(directory)
         load_hf_weights_into(self.model, path / MODEL_DIR)

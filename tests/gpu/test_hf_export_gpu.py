@@ -1,0 +1,114 @@
+"""A 3-step Megatron run on the Moonlight-shaped slice, exported by `python -m rlinf.export_hf` (its
+NCCL path, one GPU) and served by SGLang: the engine's sampled-token logprobs equal the trained
+actor's recompute, within the bar of the slice's engine test (test_sglang_slice.py), and are far
+from the untrained model's.
+
+The slice has no tokenizer of its own; its base folder here is the slice's files (linked) plus the
+tiny model's character tokenizer, which the export carries (the engine is fed token ids).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from gpu_checks import recompute_logprobs, record
+from test_megatron_actor import actor_config, synthetic_batch, vocab_of
+from test_sglang_engine_gpu import gpu_engine_kwargs
+
+from rlinf.workers.rollout.sampling import SamplingParams
+from rlinf.workers.rollout.sglang_args import parse_outputs, request_seeds, sampling_dicts
+
+ROOT = Path(__file__).resolve().parents[2]
+EOS = 163586
+
+
+def base_with_tokenizer(slice_dir: Path, out: Path) -> Path:
+    from rlinf.data.synthetic import SYNTHETIC_CHARSET
+    from rlinf.models.tiny_tokenizer import build_char_tokenizer
+
+    out.mkdir()
+    for f in slice_dir.iterdir():
+        (out / f.name).symlink_to(f)
+    build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(out)
+    return out
+
+
+def test_exported_megatron_slice_serves_the_trained_weights(
+    moonlight_slice, sglang_installed, megatron_installed, tmp_path
+):
+    from rlinf.config.loader import save_resolved_config
+    from rlinf.data.batch import RolloutBatch
+    from rlinf.models.hf_checkpoint import load_causal_lm
+    from rlinf.utils.checkpoint import COMPLETE_MARKER
+    from rlinf.workers.actor.base import with_logprobs
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+    from rlinf.workers.rollout.sglang_engine import SGLangEngine
+
+    base = base_with_tokenizer(moonlight_slice, tmp_path / "base")
+    stage = lambda name, **kw: record(f"megatron slice -> HF export -> sglang: {name}", **kw)  # noqa: E731
+    actor = MegatronActor(actor_config(base, "bf16", lr=1e-3))
+    batch = synthetic_batch(vocab_of(base), seed=5)
+    for step in range(3):  # big steps: the served logprobs must move away from the base model's
+        actor.train(batch, step=step, logprobs=actor.compute_logprobs(batch))
+    step_dir = tmp_path / "checkpoints" / "step_3"
+    actor.save(str(step_dir / "actor"))
+    save_resolved_config(actor.cfg, step_dir)
+    (step_dir / COMPLETE_MARKER).write_text(json.dumps({"step": 3}))
+    actor.offload()
+    stage("trained 3 steps and saved", spec=actor.spec["spec"])
+
+    out = tmp_path / "hf"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "rlinf.export_hf", str(step_dir), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    stage("exported", files=sorted(p.name for p in out.iterdir()))
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 160000, (n,), generator=generator).tolist() for n in (5, 17, 9, 30)]
+    inputs = [p for p in prompts for _ in range(2)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+    engine = SGLangEngine(gpu_engine_kwargs(str(out), mem=0.3, graphs=0), where="test engine (HF export)")
+    try:
+        outs = engine.generate(inputs, sampling_dicts(params, [EOS], request_seeds(11, len(inputs))))
+    finally:
+        engine.shutdown()
+    parsed = parse_outputs(outs, inputs, pad_token_id=0)
+    rows = len(inputs)
+    served = RolloutBatch(
+        prompt_ids=parsed.prompt_ids, prompt_mask=parsed.prompt_mask,
+        response_ids=parsed.response_ids, response_mask=parsed.response_mask,
+        group_index=torch.arange(rows) // 2, rollout_logprobs=parsed.logprobs,
+        finish_reasons=parsed.finish_reasons, response_text=[""] * rows, solutions=[("0",)] * rows,
+        advantages=torch.zeros(rows),
+    )  # fmt: skip
+    actor.onload()
+    trained = with_logprobs(served, [actor.compute_logprobs(served)]).old_logprobs
+    mask = parsed.response_mask
+    figures = {"mean_abs_diff_vs_actor": float((trained - parsed.logprobs).abs()[mask].mean())}
+    del actor
+    torch.cuda.empty_cache()
+    hf = {}
+    for precision in ("bf16", "fp32"):
+        model = load_causal_lm(str(out), precision=precision, device=torch.device("cuda"))
+        hf[precision] = recompute_logprobs(model, parsed).cpu()
+        del model
+        torch.cuda.empty_cache()
+    untrained = recompute_logprobs(
+        load_causal_lm(str(moonlight_slice), precision="fp32", device=torch.device("cuda")), parsed
+    ).cpu()
+    figures["hf_bf16_vs_hf_fp32_mean"] = float((hf["bf16"] - hf["fp32"]).abs()[mask].mean())
+    figures["mean_abs_diff_vs_untrained_fp32"] = float((untrained - parsed.logprobs).abs()[mask].mean())
+    stage("result", tokens=int(mask.sum()), **figures)
+    # The slice engine test's bar (issue 10): 2e-2, or HF's own bf16 noise + 10% where that is larger.
+    assert figures["mean_abs_diff_vs_actor"] <= max(2e-2, 1.1 * figures["hf_bf16_vs_hf_fp32_mean"])
+    assert figures["mean_abs_diff_vs_untrained_fp32"] > 2 * figures["mean_abs_diff_vs_actor"]
