@@ -7,7 +7,8 @@ of |y| tokens (EOS included), the penalty is
     ((L_max - L_cache) - |y|) / L_cache * f  if L_max - L_cache < |y| <= L_max
     -f                                      if |y| > L_max
 
-(DAPO, Yu et al. 2025, eq. 13, scaled by the penalty factor f as verl's DAPO reward manager does).
+(DAPO, Yu et al. 2025, "Soft Overlong Punishment", scaled by the penalty factor f as verl's DAPO
+reward manager does).
 A response cut at the length limit gets -f; one that ends a token into the buffer gets -f / L_cache.
 """
 
