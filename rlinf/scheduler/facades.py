@@ -11,8 +11,9 @@
   never collide. `generate_partial` deals the step's groups out in turn (carried groups, listed
   first, spread over the engines) with the same quota shares. `sleep()` / `wake(tags)` reach every
   engine.
-- `RewardGroup`: `score` sends the response texts, their lengths and the reference answers to the one reward worker
-  (its grading pool has `reward.num_workers` processes) and fills the batch with what comes back.
+- `RewardGroup`: `score` sends the response texts, their lengths and the reference answers to the
+  one reward worker (its grading pool has `reward.num_workers` processes) and fills the batch with
+  what comes back.
 
 Each facade still answers the raw WorkerGroup calls (`call`, `call_async`, `call_each`,
 `call_rank0`, `get`, `handles`, `pids`, `kill`), which weight sync uses.
