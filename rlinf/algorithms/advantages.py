@@ -88,7 +88,9 @@ def compute_advantages(
     rescaling and zero-signal groups stay (numerically) at zero.
 
     Metrics: `advantages/zero_std_groups` (groups with all-equal rewards, singletons included),
-    `advantages/zero_std_fraction` (of all groups), and `advantages/{mean,std,max,min}` of the result.
+    `advantages/zero_std_fraction` (of all groups), `advantages/nonzero_fraction` (rows whose
+    advantage is not 0 before whitening: the share of the batch the gradient comes from), and
+    `advantages/{mean,std,max,min}` of the result.
     """
     if rewards.dim() != 1 or group_index.shape != rewards.shape:
         raise ValueError(
@@ -100,12 +102,15 @@ def compute_advantages(
     advantages = estimator(rewards, groups, eps)
     # The group mean of equal floats can be off by an ulp; a zero-signal group must be exactly 0.
     advantages = torch.where(groups.is_constant[groups.row_group], torch.zeros_like(advantages), advantages)
+    # Counted before whitening, which moves zero-signal rows off 0 by the batch mean.
+    nonzero_fraction = float((advantages != 0).float().mean())
     if normalize:
         advantages = (advantages - advantages.mean()) / (_sample_std(advantages) + eps)
     zero_std_groups = int(groups.is_constant.sum())
     metrics = {
         "advantages/zero_std_groups": float(zero_std_groups),
         "advantages/zero_std_fraction": zero_std_groups / groups.size.numel(),
+        "advantages/nonzero_fraction": nonzero_fraction,
         "advantages/mean": float(advantages.mean()),
         "advantages/std": float(_sample_std(advantages)),
         "advantages/max": float(advantages.max()),

@@ -66,6 +66,7 @@ SYNTHETIC_DATA = Backend("data.type=synthetic", lambda cfg: cfg.data.type == "sy
 VALIDATE = "rlinf.config.validate"
 LOADER = "rlinf.config.loader"
 RUNNER = "rlinf.runners.grpo_runner"
+DYNAMIC_SAMPLING = "rlinf.runners.dynamic_sampling"
 MAIN = "rlinf.runners.main"
 CHECKPOINTING = "rlinf.runners.checkpointing"
 DATA_SETUP = "rlinf.runners.data_setup"
@@ -165,6 +166,10 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "algorithm.sampling_params.max_new_tokens": (ANY.reads(SAMPLING),),
     "algorithm.sampling_params.min_new_tokens": (ANY.reads(SAMPLING),),
     "algorithm.val_n": (ANY.reads(RUNNER),),
+    # Refill rounds on the driver; the filter's metrics are registered in rlinf.algorithms.group_filter.
+    "algorithm.dynamic_sampling.enable": (ANY.reads(DYNAMIC_SAMPLING),),
+    "algorithm.dynamic_sampling.metric": (ANY.reads(DYNAMIC_SAMPLING),),
+    "algorithm.dynamic_sampling.max_gen_rounds": (ANY.reads(DYNAMIC_SAMPLING),),
     # data: built on the driver; files for data.type=math, generated prompts for synthetic
     "data.type": (ANY.reads(DATA_SETUP),),
     "data.train_data_paths": (MATH_DATA.reads(DATA_SETUP),),
@@ -260,6 +265,9 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "reward.reward_scale": (ANY.reads(REWARD_WORKER),),
     "reward.timeout_s": (ANY.reads(REWARD_WORKER),),
     "reward.num_workers": (ANY.reads(REWARD_WORKER),),
+    "reward.overlong_buffer.enable": (ANY.reads(REWARD_WORKER),),
+    "reward.overlong_buffer.len": (ANY.reads(REWARD_WORKER, VALIDATE),),
+    "reward.overlong_buffer.penalty_factor": (ANY.reads(REWARD_WORKER),),
 }
 
 

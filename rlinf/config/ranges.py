@@ -83,6 +83,7 @@ RANGES: dict[str, Range] = {
     "algorithm.sampling_params.max_new_tokens": AT_LEAST_1,
     "algorithm.sampling_params.min_new_tokens": NON_NEGATIVE,
     "algorithm.val_n": AT_LEAST_1,
+    "algorithm.dynamic_sampling.max_gen_rounds": AT_LEAST_1,
     "data.max_prompt_length": AT_LEAST_1,
     "data.rollout_batch_size": AT_LEAST_1,
     "data.oversample_prompts": NON_NEGATIVE,
@@ -121,6 +122,8 @@ RANGES: dict[str, Range] = {
     "reward.reward_scale": POSITIVE,
     "reward.timeout_s": POSITIVE,
     "reward.num_workers": AT_LEAST_1,
+    "reward.overlong_buffer.len": AT_LEAST_1,
+    "reward.overlong_buffer.penalty_factor": NON_NEGATIVE,
 }
 
 

@@ -76,6 +76,16 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class DynamicSamplingConfig:
+    # doc: DAPO dynamic sampling: drop the groups whose `metric` is equal for every response (zero advantage) and generate on more prompts until data.rollout_batch_size groups remain (docs/rollout.md)
+    enable: bool = False
+    # doc: what must vary within a group to keep it: reward (the reward advantages are computed from, overlong shaping included) or accuracy (the grader's verdict)
+    metric: Literal["reward", "accuracy"] = "reward"
+    # doc: generation rounds per step at most, the first included; a step that reaches it short of groups trains with zero-advantage groups making up the batch (dynamic_sampling/cap_hit)
+    max_gen_rounds: int = 4
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     adv_type: str = "grpo"  # doc: advantage estimator: grpo, dr_grpo, rloo
     group_size: int = 8  # doc: responses sampled per prompt
@@ -97,6 +107,9 @@ class AlgorithmConfig:
     )  # doc: MoE routing replay
     sampling_params: SamplingConfig = field(default_factory=SamplingConfig)  # doc: rollout sampling
     val_n: int = 1  # doc: samples per validation problem (mean@k, pass@k); greedy pass@1 always
+    dynamic_sampling: DynamicSamplingConfig = field(
+        default_factory=DynamicSamplingConfig
+    )  # doc: DAPO dynamic sampling
 
 
 @dataclass(frozen=True)
@@ -230,11 +243,22 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class OverlongBufferConfig:
+    # doc: DAPO soft overlong punishment: a response longer than max_new_tokens - len loses up to penalty_factor, linearly in the excess, before advantages (docs/rollout.md)
+    enable: bool = False
+    len: int = 4096  # doc: buffer tokens below algorithm.sampling_params.max_new_tokens where the penalty ramps from 0
+    penalty_factor: float = 1.0  # doc: penalty at the length limit (subtracted from the reward)
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     reward_type: str = "math"  # doc: reward function (math)
     reward_scale: float = 5.0  # doc: +scale for a right answer, -scale for a wrong one
     timeout_s: float = 5.0  # doc: per-answer grading timeout (scored wrong, counted in reward/timeouts)
     num_workers: int = 2  # doc: grading processes
+    overlong_buffer: OverlongBufferConfig = field(
+        default_factory=OverlongBufferConfig
+    )  # doc: overlong reward shaping
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,25 @@ def check_partial_rollout(cfg: Config) -> None:
         )
 
 
+def check_dynamic_sampling(cfg: Config) -> None:
+    """A refill round is a fresh draw; a partial rollout's carried groups belong to one step's quota."""
+    if cfg.algorithm.dynamic_sampling.enable and cfg.data.partial_rollout:
+        raise ConfigError(
+            "algorithm.dynamic_sampling.enable: true cannot run with data.partial_rollout: true (groups "
+            "carried between steps would be dropped or refilled out of turn); turn one of them off"
+        )
+
+
+def check_overlong_buffer(cfg: Config) -> None:
+    """The penalty ramps over the last `len` tokens below the response cap, so it must fit under it."""
+    buffer, cap = cfg.reward.overlong_buffer, cfg.algorithm.sampling_params.max_new_tokens
+    if buffer.enable and buffer.len >= cap:
+        raise ConfigError(
+            f"reward.overlong_buffer.len: {buffer.len} must be < algorithm.sampling_params.max_new_tokens "
+            f"({cap}): the penalty ramps over the last len tokens below the response length limit"
+        )
+
+
 def check_data(cfg: Config) -> None:
     d = cfg.data
     if d.type == "math" and not d.train_data_paths:
@@ -289,6 +308,8 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_algorithm,
     check_routing_replay,
     check_partial_rollout,
+    check_dynamic_sampling,
+    check_overlong_buffer,
     check_lr_schedule,
     check_sequence_lengths,
     check_placement,

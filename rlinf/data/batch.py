@@ -23,7 +23,7 @@ RESPONSE_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_log
 PROMPT_ROUTING = "prompt_experts"
 RESPONSE_ROUTING = "response_experts"
 # Per-row optional fields: present on every part or on none.
-OPTIONAL_ROW_FIELDS = ("rewards", "correct", "advantages")
+OPTIONAL_ROW_FIELDS = ("rewards", "raw_rewards", "correct", "advantages")
 
 
 @dataclass
@@ -39,7 +39,8 @@ class RolloutBatch:
     solutions: list[tuple[str, ...]]  # reference answers, one tuple per row
     old_logprobs: torch.Tensor | None = None  # [B, R] recomputed by the actor before training
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference policy (only when kl_beta > 0)
-    rewards: torch.Tensor | None = None  # [B] float
+    rewards: torch.Tensor | None = None  # [B] float, what the advantages are computed from
+    raw_rewards: torch.Tensor | None = None  # [B] float, before overlong shaping; None without it
     correct: torch.Tensor | None = None  # [B] bool, grader verdict
     advantages: torch.Tensor | None = None  # [B] float, broadcast over the response tokens
     extras: dict[str, Any] = field(default_factory=dict)  # per-step scalars (e.g. reward timeouts)

@@ -43,6 +43,8 @@ class RewardResult:
     rewards: list[float]  # +reward_scale for a right answer, -reward_scale otherwise
     correct: list[bool]
     timeouts: int  # items scored wrong because grading did not finish (or its worker died)
+    # reward.overlong_buffer: each response's length penalty, already added to `rewards`; None when off
+    overlong_penalties: list[float] | None = None
 
 
 def _worker_main(conn: Connection) -> None:

@@ -13,6 +13,7 @@ from rlinf.data.batch import RolloutBatch
 from rlinf.data.prompt_loader import prompts_per_step, training_loader
 from rlinf.runners.checkpointing import RunCheckpointer, planned_steps
 from rlinf.runners.colocation import ColocatedMemory
+from rlinf.runners.dynamic_sampling import Round, fill_batch
 from rlinf.runners.hf_export import export_during_run
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
@@ -91,10 +92,9 @@ class GRPORunner:
     def train_step(self) -> dict[str, float]:
         a, roles = self.cfg.algorithm, self.roles
         step_start = time.perf_counter()
-        with self.timer.phase("rollout"):
-            batch, carry_metrics = self.rollout()
-        with self.timer.phase("reward"):
-            batch = roles.reward.score(batch)
+        batch, sampling_metrics = fill_batch(
+            self.generation_round, self.cfg.data.rollout_batch_size, a.dynamic_sampling
+        )
         advantages = compute_advantages(
             a.adv_type, batch.rewards, batch.group_index, normalize=a.normalize_advantages
         )
@@ -110,7 +110,7 @@ class GRPORunner:
         self.memory.sync_and_resume(lambda: sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb))
         metrics = {
             **rollout_metrics(batch),
-            **carry_metrics,
+            **sampling_metrics,
             **advantages.metrics,
             **actor_metrics,
             **self.memory.pop_metrics(),
@@ -124,23 +124,33 @@ class GRPORunner:
         metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]
         return metrics
 
-    def rollout(self) -> tuple[RolloutBatch, dict[str, float]]:
-        """The step's batch (and, with data.partial_rollout, the carry metrics). With
-        oversample_prompts the rollout ends once rollout_batch_size groups are complete; the other
-        groups are dropped, or carried: next step they are generated on again, with fewer fresh
-        prompts drawn, so that the same number of groups is in flight every step."""
-        d, n, seed = self.cfg.data, self.cfg.algorithm.group_size, self._seed("rollout")
+    def generation_round(self, index: int) -> Round:
+        """Round `index` of the step's generation: prompts drawn, generated and scored. A step runs
+        one round, or more with algorithm.dynamic_sampling (rlinf.runners.dynamic_sampling)."""
+        with self.timer.phase("rollout"):
+            batch, prompts = self.rollout(self._seed("rollout", index))
+        with self.timer.phase("reward"):
+            batch = self.roles.reward.score(batch)
+        return Round(batch, prompts)
+
+    def rollout(self, seed: int) -> tuple[RolloutBatch, int]:
+        """A round's batch (with data.partial_rollout, its carry metrics in the extras) and the
+        prompts it drew. With oversample_prompts the rollout ends once rollout_batch_size groups are
+        complete; the other groups are dropped, or carried: next step they are generated on again,
+        with fewer fresh prompts drawn, so that the same number of groups is in flight every step."""
+        d, n = self.cfg.data, self.cfg.algorithm.group_size
         if not d.partial_rollout:
             keep = d.rollout_batch_size if d.oversample_prompts else None
-            batch = self.roles.rollout.generate(
-                self.loader.next_batch(), n, self.sampling, seed, keep_groups=keep
+            prompts = self.loader.next_batch()
+            return self.roles.rollout.generate(prompts, n, self.sampling, seed, keep_groups=keep), len(
+                prompts
             )
-            return batch, {}
         fresh = self.loader.next_batch(prompts_per_step(d) - len(self.carried))
         groups = self.carried + [GroupInFlight.fresh(item, n) for item in fresh]
         result = self.roles.rollout.generate_partial(groups, self.sampling, seed, d.rollout_batch_size)
         self.carried = result.carried
-        return result.batch, result.metrics()
+        batch = result.batch
+        return replace(batch, extras={**batch.extras, **result.metrics()}), len(fresh)
 
     def validate(self) -> dict[str, float]:
         """Greedy pass@1 on the validation split; with val_n > 1 also sampled mean@k and pass@k."""
@@ -161,12 +171,14 @@ class GRPORunner:
         return metrics
 
     def _score(self, items: list, n: int, params: SamplingParams, chunk: int = 0):
-        # Chunk 0 keeps the unchunked seed; later chunks move far past any step's seeds (step * 2 < 2**40).
-        seed = (self._seed("validation") + chunk * 2**40) % (2**63)
-        batch = self.roles.rollout.generate(items, n, params, seed)
+        batch = self.roles.rollout.generate(items, n, params, self._seed("validation", chunk))
         return self.roles.reward.score(batch)
 
-    def _seed(self, purpose: str) -> int:
-        # Depends only on (seed, step, purpose): a resumed run samples exactly what the original would.
+    def _seed(self, purpose: str, part: int = 0) -> int:
+        # Depends only on (seed, step, purpose, part): a resumed run samples exactly what the original
+        # would. Part 0 (a step's first generation round, the first validation chunk) keeps the seed
+        # it had before parts existed; later parts (dynamic sampling's refill rounds, validation
+        # chunks) move far past any step's seeds (step * 2 < 2**40), and rollout seeds stay even,
+        # validation seeds odd, so the two never meet.
         offset = {"rollout": 0, "validation": 1}[purpose]
-        return (self.cfg.runner.seed * 1_000_003 + self.step * 2 + offset) % (2**63)
+        return (self.cfg.runner.seed * 1_000_003 + self.step * 2 + offset + part * 2**40) % (2**63)

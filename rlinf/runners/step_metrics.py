@@ -15,6 +15,7 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     routing = {"routing/bytes": float(routing_bytes(batch))} if has_routing(batch) else {}
     return {
         **routing,
+        **_shaping_metrics(batch),
         "rollout/reward_mean": float(batch.rewards.mean()),
         "rollout/accuracy": float(batch.correct.float().mean()),
         "rollout/response_length_mean": float(lengths.mean()),
@@ -23,6 +24,19 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
         "rollout/num_responses": float(len(batch)),
         "rollout/num_response_tokens": float(lengths.sum()),
         **batch.extras,
+    }
+
+
+def _shaping_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """With reward.overlong_buffer: the grader's reward before the length penalty, and the penalty."""
+    if batch.raw_rewards is None:
+        return {}
+    assert batch.rewards is not None
+    penalties = batch.rewards - batch.raw_rewards
+    return {
+        "rollout/raw_reward_mean": float(batch.raw_rewards.mean()),
+        "rollout/overlong_penalty_mean": float(penalties.mean()),
+        "rollout/overlong_fraction": float((penalties < 0).float().mean()),
     }
 
 

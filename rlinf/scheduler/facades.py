@@ -11,8 +11,9 @@
   never collide. `generate_partial` deals the step's groups out in turn (carried groups, listed
   first, spread over the engines) with the same quota shares. `sleep()` / `wake(tags)` reach every
   engine.
-- `RewardGroup`: `score` sends the response texts and reference answers to the one reward worker
-  (its grading pool has `reward.num_workers` processes) and fills the batch with what comes back.
+- `RewardGroup`: `score` sends the response texts, their lengths and the reference answers to the
+  one reward worker (its grading pool has `reward.num_workers` processes) and fills the batch with
+  what comes back.
 
 Each facade still answers the raw WorkerGroup calls (`call`, `call_async`, `call_each`,
 `call_rank0`, `get`, `handles`, `pids`, `kill`), which weight sync uses.
@@ -218,12 +219,19 @@ class RolloutGroup(GroupFacade):
 
 class RewardGroup(GroupFacade):
     def score(self, batch: RolloutBatch) -> RolloutBatch:
-        """`batch` with rewards, correctness and `reward/timeouts`; only the response texts and
-        reference answers go to the (single) reward worker."""
-        result = self.group.call_rank0("score", batch.response_text, batch.solutions)
+        """`batch` with rewards, correctness and `reward/timeouts` (and, with overlong shaping, the
+        raw rewards); only the response texts, their lengths and the reference answers go to the
+        (single) reward worker."""
+        lengths = batch.response_mask.sum(1).tolist()
+        result = self.group.call_rank0("score", batch.response_text, batch.solutions, lengths)
+        rewards = torch.tensor(result.rewards, dtype=torch.float32)
+        raw_rewards = None
+        if result.overlong_penalties is not None:
+            raw_rewards = rewards - torch.tensor(result.overlong_penalties, dtype=torch.float32)
         return replace(
             batch,
-            rewards=torch.tensor(result.rewards, dtype=torch.float32),
+            rewards=rewards,
+            raw_rewards=raw_rewards,
             correct=torch.tensor(result.correct, dtype=torch.bool),
             extras={**batch.extras, "reward/timeouts": float(result.timeouts)},
         )

@@ -1,5 +1,5 @@
-"""RewardGroup.score over the real RewardWorker: only response texts and reference answers go to
-the worker, only rewards, verdicts and the timeout count come back, and the batch is filled."""
+"""RewardGroup.score over the real RewardWorker: only response texts, their lengths and reference
+answers go to the worker, only rewards, verdicts and the timeout count come back, and the batch is filled."""
 
 import pickle
 
@@ -38,7 +38,7 @@ def test_score_sends_texts_and_answers_and_fills_the_batch():
         scored = RewardGroup(group).score(batch)  # type: ignore[arg-type]
     finally:
         worker.close()
-    assert group.sent == [(batch.response_text, batch.solutions)]
+    assert group.sent == [(batch.response_text, batch.solutions, [1, 1, 1])]
     assert group.received == [RewardResult(rewards=[2.0, -2.0, 2.0], correct=[True, False, True], timeouts=0)]
     assert torch.equal(scored.rewards, torch.tensor([2.0, -2.0, 2.0]))
     assert torch.equal(scored.correct, torch.tensor([True, False, True]))
