@@ -63,6 +63,7 @@ SYNTHETIC_DATA = Backend("data.type=synthetic", lambda cfg: cfg.data.type == "sy
 VALIDATE = "rlinf.config.validate"
 LOADER = "rlinf.config.loader"
 RUNNER = "rlinf.runners.grpo_runner"
+PIPELINE = "rlinf.runners.pipeline"  # rollout ahead of training (runner.max_staleness)
 MAIN = "rlinf.runners.main"
 CHECKPOINTING = "rlinf.runners.checkpointing"
 DATA_SETUP = "rlinf.runners.data_setup"
@@ -127,6 +128,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.keep_checkpoints": (ANY.reads(CHECKPOINTING),),
     "runner.resume_dir": (ANY.reads(CHECKPOINTING),),
     "runner.max_consecutive_skips": (ANY.reads(POLICY_UPDATE),),
+    "runner.max_staleness": (ANY.reads(RUNNER, VALIDATE),),
+    "runner.stale_samples": (ANY.reads(PIPELINE, VALIDATE),),
     # algorithm: advantages on the driver, the loss in the shared policy-loss function
     "algorithm.adv_type": (ANY.reads(RUNNER),),
     "algorithm.group_size": (ANY.reads(RUNNER),),
