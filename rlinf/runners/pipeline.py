@@ -203,8 +203,8 @@ class RolloutPipeline:
     def _take(self) -> Produced:
         with self.cond:
             self._wait(lambda: bool(self.queue) or self.failure is not None)
-            if self.failure is not None:
-                raise self.failure
+            if not self.queue:  # what was produced before the failure is trained first
+                raise self.failure  # type: ignore[misc]
             return self.queue.popleft()
 
     def _wait(self, ready: Callable[[], bool]) -> None:

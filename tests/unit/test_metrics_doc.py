@@ -4,7 +4,9 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LOGGED = re.compile(r"\"((?:rollout|actor|advantages|reward|val|time|throughput|data|routing)/[a-z_@]+)")
+LOGGED = re.compile(
+    r"\"((?:rollout|actor|advantages|reward|val|time|throughput|data|routing|staleness)/[a-z_@]+)"
+)
 
 
 def test_logged_metric_names_are_documented():
