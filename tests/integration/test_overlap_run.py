@@ -17,7 +17,11 @@ from tests.integration.conftest import small_config, small_run_overrides
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-BOUND_1 = {"runner.max_staleness": 1, "algorithm.rollout_is.mode": "token_tis", "runner.val_check_interval": 0}
+BOUND_1 = {
+    "runner.max_staleness": 1,
+    "algorithm.rollout_is.mode": "token_tis",
+    "runner.val_check_interval": 0,
+}
 PROMPTS_PER_STEP = 4  # small_run_overrides' data.rollout_batch_size
 
 
@@ -30,13 +34,17 @@ def _data_index(checkpoint: Path) -> int:
     return json.loads((checkpoint / "runner_state.json").read_text())["data"]["index"]
 
 
-def test_a_checkpoint_mid_run_resumes_at_the_first_batch_not_trained(random_tiny_checkpoint, tmp_path, ray_session):
+def test_a_checkpoint_mid_run_resumes_at_the_first_batch_not_trained(
+    random_tiny_checkpoint, tmp_path, ray_session
+):
     common = {**BOUND_1, "runner.max_steps": 4, "runner.save_interval": 2}
     assert run(small_config(random_tiny_checkpoint, tmp_path / "full", **common)) == 0
     full = _steps(tmp_path / "full" / "logs")
     assert sorted(full) == [1, 2, 3, 4]
     assert [full[s]["staleness/max"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 1.0]  # ran ahead, within 1
-    assert all(full[s]["staleness/dropped_samples"] == full[s]["staleness/regenerated_samples"] == 0 for s in full)
+    assert all(
+        full[s]["staleness/dropped_samples"] == full[s]["staleness/regenerated_samples"] == 0 for s in full
+    )
     root = tmp_path / "full" / "results" / "it" / "checkpoints"
     # at the step-2 save the producer had drawn step 3's prompts: the checkpoint does not count them
     assert _data_index(root / "step_2") == 2 * PROMPTS_PER_STEP
@@ -55,7 +63,9 @@ def test_a_checkpoint_mid_run_resumes_at_the_first_batch_not_trained(random_tiny
     assert _data_index(split_root / "step_4") == _data_index(root / "step_4")
 
 
-def test_sigterm_mid_run_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpoint, tmp_path, ray_session):
+def test_sigterm_mid_run_saves_a_resumable_checkpoint_and_exits_zero(
+    random_tiny_checkpoint, tmp_path, ray_session
+):
     overrides = small_run_overrides(random_tiny_checkpoint, tmp_path, **{**BOUND_1, "runner.max_steps": 200})
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *overrides],
