@@ -67,6 +67,7 @@ VALIDATE = "rlinf.config.validate"
 LOADER = "rlinf.config.loader"
 RUNNER = "rlinf.runners.grpo_runner"
 DYNAMIC_SAMPLING = "rlinf.runners.dynamic_sampling"
+PIPELINE = "rlinf.runners.pipeline"  # rollout ahead of training (runner.max_staleness)
 MAIN = "rlinf.runners.main"
 CHECKPOINTING = "rlinf.runners.checkpointing"
 DATA_SETUP = "rlinf.runners.data_setup"
@@ -136,6 +137,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "runner.export_hf_interval": (ANY.reads(RUNNER),),
     "runner.resume_dir": (ANY.reads(CHECKPOINTING),),
     "runner.max_consecutive_skips": (ANY.reads(POLICY_UPDATE),),
+    "runner.max_staleness": (ANY.reads(RUNNER, VALIDATE),),
+    "runner.stale_samples": (ANY.reads(PIPELINE, VALIDATE),),
     # algorithm: advantages on the driver, the loss in the shared policy-loss function
     "algorithm.adv_type": (ANY.reads(RUNNER),),
     "algorithm.group_size": (ANY.reads(RUNNER),),

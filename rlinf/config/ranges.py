@@ -69,6 +69,7 @@ RANGES: dict[str, Range] = {
     "runner.export_hf_interval": NON_NEGATIVE,
     "runner.keep_checkpoints": AT_LEAST_1,
     "runner.max_consecutive_skips": NON_NEGATIVE,
+    "runner.max_staleness": NON_NEGATIVE,
     "algorithm.group_size": Range(2, why="group advantages need 2+ responses per prompt"),
     "algorithm.ratio_clip_eps": Range(0, 1, low_open=True, high_open=True),
     "algorithm.clip_ratio_high": POSITIVE,

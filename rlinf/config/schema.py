@@ -52,6 +52,9 @@ class RunnerConfig:
     export_hf_interval: int = 0  # doc: also write the actor's weights as a Hugging Face folder (config, tokenizer) to <output_dir>/<experiment_name>/hf/step_<N> every N steps and after the last step; none is pruned; 0 = never
     resume_dir: str | None = None  # doc: "auto" (latest of this experiment), a checkpoint path, or null
     max_consecutive_skips: int = 3  # doc: abort after this many non-finite optimizer steps in a row
+    max_staleness: int = 0  # doc: policy versions a trained sample may lag the actor; the rollout generates up to this many steps ahead while the actor trains (docs/rollout.md, "Overlapping rollout and training"); 0 = the synchronous loop
+    # doc: a batch older than runner.max_staleness when its step comes: generated again with the current weights, or dropped for the next batch
+    stale_samples: Literal["regenerate", "drop"] = "regenerate"
 
 
 @dataclass(frozen=True)

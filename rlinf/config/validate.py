@@ -260,6 +260,54 @@ def check_overlong_buffer(cfg: Config) -> None:
         )
 
 
+def check_max_staleness(cfg: Config) -> None:
+    """Rollout ahead of training (runner.max_staleness >= 1) needs both roles up at once, and a loss
+    that corrects for the older policy that sampled: the recomputed logprobs are the proximal policy
+    the PPO ratio clips against, and token_tis weighs each token by proximal / behaviour (the
+    decoupled PPO objective, with the behaviour weight truncated; docs/rollout.md)."""
+    k, r = cfg.runner.max_staleness, cfg.runner
+    if k == 0:
+        if r.stale_samples != "regenerate":
+            raise ConfigError(
+                f"runner.stale_samples: {r.stale_samples} acts only with runner.max_staleness >= 1 "
+                "(at 0 the loop is synchronous and no sample is ever stale); remove it"
+            )
+        return
+    where = f"runner.max_staleness: {k}"
+    if _colocated_on_gpu(cfg) and cfg.actor.offload_between_phases is not False:
+        raise ConfigError(
+            f"{where} cannot run with actor.offload_between_phases: {cfg.actor.offload_between_phases} on "
+            "a colocated placement: the rollout generates while the actor trains, so neither can give "
+            "the GPUs to the other; set actor.offload_between_phases: false (both resident), place them "
+            "on separate GPUs, or set runner.max_staleness: 0"
+        )
+    if not cfg.algorithm.recompute_logprobs:
+        raise ConfigError(
+            f"{where} needs algorithm.recompute_logprobs: true (the current policy's logprobs are the "
+            "proximal policy the PPO ratio clips against; the rollout's are of an older one)"
+        )
+    if cfg.algorithm.rollout_is.mode == "none":
+        raise ConfigError(
+            f"{where} needs algorithm.rollout_is.mode: token_tis (the importance weight that corrects "
+            "for the older policy that sampled; without it the loss ignores the lag)"
+        )
+    if cfg.data.partial_rollout:
+        raise ConfigError(
+            f"{where} cannot run with data.partial_rollout: true (a carried response mixes tokens of "
+            "several policy versions, which the staleness bound does not track yet)"
+        )
+    if cfg.algorithm.dynamic_sampling.enable:
+        raise ConfigError(
+            f"{where} cannot run with algorithm.dynamic_sampling.enable: true (the pipeline's producer "
+            "generates one round a step; refill rounds ahead of training are not built yet)"
+        )
+
+
+def _colocated_on_gpu(cfg: Config) -> bool:
+    placement = placement_of(cfg)
+    return bool(placement.gpus["actor"]) and placement.is_colocated("actor", "rollout")
+
+
 def check_data(cfg: Config) -> None:
     d = cfg.data
     if d.type == "math" and not d.train_data_paths:
@@ -313,6 +361,7 @@ RULES: tuple[Callable[[Config], None], ...] = (
     check_lr_schedule,
     check_sequence_lengths,
     check_placement,
+    check_max_staleness,  # after check_placement: it reads the placement
     check_actor_data_parallel,
     check_batch_sizes,
     check_micro_batch_tokens,

@@ -23,7 +23,7 @@ RESPONSE_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_log
 PROMPT_ROUTING = "prompt_experts"
 RESPONSE_ROUTING = "response_experts"
 # Per-row optional fields: present on every part or on none.
-OPTIONAL_ROW_FIELDS = ("rewards", "raw_rewards", "correct", "advantages")
+OPTIONAL_ROW_FIELDS = ("rewards", "raw_rewards", "correct", "advantages", "policy_version")
 
 
 @dataclass
@@ -44,6 +44,9 @@ class RolloutBatch:
     correct: torch.Tensor | None = None  # [B] bool, grader verdict
     advantages: torch.Tensor | None = None  # [B] float, broadcast over the response tokens
     extras: dict[str, Any] = field(default_factory=dict)  # per-step scalars (e.g. reward timeouts)
+    # [B] long: the actor updates the rollout's weights had seen when it generated each row (the
+    # runner tags it; rlinf.runners.pipeline bounds how far it may lag the actor that trains the row)
+    policy_version: torch.Tensor | None = None
     # [B, P, L, K] / [B, R, L, K] uint8: the experts the rollout routed each prompt / response token
     # to in each of the L MoE layers (rlinf.data.routing); 0 where nothing was routed (padding, and
     # the last response token, which is sampled but never fed back). None unless routing is recorded.

@@ -213,10 +213,20 @@ def actor_layout(resolved: dict) -> str:
 
 
 class RunCheckpointer:
-    def __init__(self, cfg: Config, roles: Roles, loader: PromptLoader, metrics: MetricLogger) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        roles: Roles,
+        loader: PromptLoader,
+        metrics: MetricLogger,
+        data_position: Callable[[], dict] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.roles = roles
         self.loader = loader
+        # The data state a save records: the loader's, or (runner.max_staleness) that of the first
+        # batch drawn ahead and not trained yet, which a resumed run draws again.
+        self.data_position = data_position or loader.state_dict
         self.metrics = metrics
         self.manager = CheckpointManager(checkpoint_root(cfg), cfg.runner.keep_checkpoints)
         self.last_saved: Path | None = None  # this run's last complete save (or the one it resumed from)
@@ -232,7 +242,7 @@ class RunCheckpointer:
             optimizer_steps = self.roles.actor.save(str(tmp / ACTOR_DIR))  # collective: every rank writes
             state = {
                 "step": step,
-                "data": self.loader.state_dict(),
+                "data": self.data_position(),
                 RECORD_KEY: lr_schedule_record(self.cfg, optimizer_steps),
             }
             (tmp / RUNNER_STATE_FILE).write_text(json.dumps(state, indent=1))

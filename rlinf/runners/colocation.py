@@ -9,7 +9,8 @@ Each transition is logged, timed (time/<transition>) and, on CUDA, followed by t
 offloads in step 1 and measures the rollout's peak with a resident actor; if it leaves AUTO_HEADROOM
 of the GPU free, later steps keep the actor resident, since offload and onload cost seconds a step.
 The decision is logged and reported once (memory/auto_resident_peak_gib, actor/offload_between_phases).
-Disaggregated and CPU placements run only the weight sync. A resume pushes the restored weights in
+Disaggregated and CPU placements run only the weight sync; an overlapped run (runner.max_staleness
+>= 1, both roles resident) runs none of it. A resume pushes the restored weights in
 the same order (`sync_after_load`).
 """
 
@@ -28,9 +29,12 @@ AUTO_HEADROOM = 0.05  # share of the GPU left free above the measured peak (acti
 
 
 class ColocatedMemory:
-    def __init__(self, roles: Roles, *, offload_actor: bool | str, timer: PhaseTimer) -> None:
+    def __init__(
+        self, roles: Roles, *, offload_actor: bool | str, timer: PhaseTimer, overlapped: bool = False
+    ) -> None:
         self.roles = roles
-        self.active = roles.colocated
+        # runner.max_staleness >= 1 overlaps the roles: both stay resident, no transitions
+        self.active = roles.colocated and not overlapped
         self.deciding = offload_actor == "auto"  # step 1 offloads and measures
         self.offload_actor = bool(offload_actor)
         self.timer = timer

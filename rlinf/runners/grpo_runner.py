@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,11 +16,12 @@ from rlinf.runners.checkpointing import RunCheckpointer, planned_steps
 from rlinf.runners.colocation import ColocatedMemory
 from rlinf.runners.dynamic_sampling import Round, fill_batch
 from rlinf.runners.hf_export import export_during_run
+from rlinf.runners.pipeline import RolloutPipeline, tagged
 from rlinf.runners.step_metrics import merged_scores, pass_at_k, rollout_metrics
 from rlinf.scheduler.roles import Roles
 from rlinf.utils.metrics import MetricLogger, PhaseTimer, progress_line
 from rlinf.utils.signals import StopRequest
-from rlinf.weight_sync import sync_weights
+from rlinf.weight_sync import staged_sync, strategy_for, sync_weights
 from rlinf.workers.rollout.partial import GroupInFlight
 from rlinf.workers.rollout.sampling import SamplingParams
 
@@ -34,9 +36,27 @@ class GRPORunner:
         self.metrics = metrics
         self.loader = training_loader(train_set, cfg)
         self.carried: list[GroupInFlight] = []  # data.partial_rollout: groups the last step left unfinished
-        self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics)
+        # runner.max_staleness >= 1: batches are drawn, generated and scored ahead, while the actor trains
+        self.pipeline = (
+            RolloutPipeline(
+                self.loader,
+                self._produce,
+                max_staleness=cfg.runner.max_staleness,
+                stale_samples=cfg.runner.stale_samples,
+                last_step=self.total_steps,
+            )
+            if cfg.runner.max_staleness
+            else None
+        )
+        position = self.pipeline.resume_position if self.pipeline else None
+        self.checkpointer = RunCheckpointer(cfg, roles, self.loader, metrics, data_position=position)
         self.timer = PhaseTimer()
-        self.memory = ColocatedMemory(roles, offload_actor=cfg.actor.offload_between_phases, timer=self.timer)
+        self.memory = ColocatedMemory(
+            roles,
+            offload_actor=cfg.actor.offload_between_phases,
+            timer=self.timer,
+            overlapped=self.pipeline is not None,
+        )
         self.stop = StopRequest()
         self.step = 0
         self.sampling = SamplingParams.from_config(cfg.algorithm.sampling_params)
@@ -54,7 +74,7 @@ class GRPORunner:
         if self.step == 0 and r.val_check_interval > 0:
             self.metrics.log(self.validate(), step=0)
         started = time.perf_counter()
-        with self.stop.installed():
+        with self.stop.installed(), self.producing():
             while self.step < self.total_steps and not self.stop.requested:
                 self.step += 1
                 metrics = self.train_step()
@@ -79,6 +99,20 @@ class GRPORunner:
             print(f"stopped by {self.stop.signal_name} after step {self.step}; {where}", flush=True)
         return last
 
+    @contextmanager
+    def producing(self):
+        """runner.max_staleness >= 1: the producer runs ahead while the loop trains; it stops (its
+        request in flight dropped) when the loop ends, before the final save."""
+        if self.pipeline is None:
+            yield
+            return
+        strategy_for(self.roles)  # asked while the rollout is idle: a generate would hold the question up
+        self.pipeline.start(self.step)
+        try:
+            yield
+        finally:
+            self.pipeline.close()
+
     def save(self) -> Path:
         with self.memory.around_checkpoint():
             return self.checkpointer.save(self.step, self.carried)
@@ -92,9 +126,7 @@ class GRPORunner:
     def train_step(self) -> dict[str, float]:
         a, roles = self.cfg.algorithm, self.roles
         step_start = time.perf_counter()
-        batch, sampling_metrics = fill_batch(
-            self.generation_round, self.cfg.data.rollout_batch_size, a.dynamic_sampling
-        )
+        batch, sampling_metrics = self.scored_batch()
         advantages = compute_advantages(
             a.adv_type, batch.rewards, batch.group_index, normalize=a.normalize_advantages
         )
@@ -107,7 +139,7 @@ class GRPORunner:
             batch = replace(batch, old_logprobs=batch.rollout_logprobs)
         with self.timer.phase("train"):
             actor_metrics = roles.actor.train(batch, self.step)
-        self.memory.sync_and_resume(lambda: sync_weights(roles, self.cfg.rollout.weight_sync_bucket_mb))
+        self.sync_rollout()
         metrics = {
             **rollout_metrics(batch),
             **sampling_metrics,
@@ -124,9 +156,42 @@ class GRPORunner:
         metrics["throughput/tokens_per_s"] = metrics["rollout/num_response_tokens"] / metrics["time/step"]
         return metrics
 
+    def scored_batch(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's scored batch, its rows tagged with the policy version that generated them, and
+        the generation's metrics: generated now (one round, or more with
+        algorithm.dynamic_sampling: rlinf.runners.dynamic_sampling), or taken from the pipeline
+        (runner.max_staleness)."""
+        if self.pipeline is not None:
+            return self.pipeline.next_batch(self.step)
+        batch, metrics = fill_batch(
+            self.generation_round, self.cfg.data.rollout_batch_size, self.cfg.algorithm.dynamic_sampling
+        )
+        return tagged(batch, self.step - 1), metrics
+
+    def sync_rollout(self) -> None:
+        """The updated weights into the rollout: now, or handed to the pipeline."""
+        bucket_mb = self.cfg.rollout.weight_sync_bucket_mb
+        if self.pipeline is None:
+            self.memory.sync_and_resume(lambda: sync_weights(self.roles, bucket_mb))
+            return
+        with self.timer.phase("weight_sync"):
+            self.pipeline.publish(self.step, *staged_sync(self.roles, bucket_mb))
+
+    def _produce(self, step: int, prompts: list) -> tuple[RolloutBatch, dict[str, float]]:
+        """The pipeline's producer: step `step`'s prompts generated and scored, timed on its own clock."""
+        d, timer = self.cfg.data, PhaseTimer()
+        with timer.phase("rollout"):
+            keep = d.rollout_batch_size if d.oversample_prompts else None
+            batch = self.roles.rollout.generate(
+                prompts, self.cfg.algorithm.group_size, self.sampling, self._seed("rollout", step=step),
+                keep_groups=keep,
+            )  # fmt: skip
+        with timer.phase("reward"):
+            batch = self.roles.reward.score(batch)
+        return batch, timer.pop()
+
     def generation_round(self, index: int) -> Round:
-        """Round `index` of the step's generation: prompts drawn, generated and scored. A step runs
-        one round, or more with algorithm.dynamic_sampling (rlinf.runners.dynamic_sampling)."""
+        """Round `index` of the step's generation: prompts drawn, generated and scored."""
         with self.timer.phase("rollout"):
             batch, prompts = self.rollout(self._seed("rollout", index))
         with self.timer.phase("reward"):
@@ -156,6 +221,12 @@ class GRPORunner:
         """Greedy pass@1 on the validation split; with val_n > 1 also sampled mean@k and pass@k."""
         if self.val_set is None:
             return {}
+        if self.pipeline is not None:
+            with self.pipeline.rollout_current():  # the actor's newest weights, no request in flight
+                return self._validate()
+        return self._validate()
+
+    def _validate(self) -> dict[str, float]:
         started = time.perf_counter()
         items = list(self.val_set)
         size = self.cfg.data.val_batch_size or len(items)  # prompts per generate call
@@ -174,11 +245,12 @@ class GRPORunner:
         batch = self.roles.rollout.generate(items, n, params, self._seed("validation", chunk))
         return self.roles.reward.score(batch)
 
-    def _seed(self, purpose: str, part: int = 0) -> int:
+    def _seed(self, purpose: str, part: int = 0, *, step: int | None = None) -> int:
         # Depends only on (seed, step, purpose, part): a resumed run samples exactly what the original
         # would. Part 0 (a step's first generation round, the first validation chunk) keeps the seed
         # it had before parts existed; later parts (dynamic sampling's refill rounds, validation
         # chunks) move far past any step's seeds (step * 2 < 2**40), and rollout seeds stay even,
-        # validation seeds odd, so the two never meet.
+        # validation seeds odd, so the two never meet. `step`: another step's (the pipeline's producer).
         offset = {"rollout": 0, "validation": 1}[purpose]
-        return (self.cfg.runner.seed * 1_000_003 + self.step * 2 + offset + part * 2**40) % (2**63)
+        step = self.step if step is None else step
+        return (self.cfg.runner.seed * 1_000_003 + step * 2 + offset + part * 2**40) % (2**63)

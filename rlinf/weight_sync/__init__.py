@@ -18,6 +18,7 @@ layouts, IPC handles); tensors never pass through it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from rlinf.weight_sync.plan import (
@@ -43,6 +44,21 @@ def sync_weights(roles, bucket_mb: int) -> str:
     strategy = strategy_for(roles)
     SYNCS[strategy](roles, bucket_mb * MIB)
     return strategy
+
+
+def staged_sync(roles, bucket_mb: int) -> tuple[Callable[[], object], bool]:
+    """The actor's weights as they are now, for a rollout that may be busy generating
+    (runner.max_staleness >= 1): (load, snapshot). Object store: the export is queued on the actor
+    at once, right behind the update, so it holds exactly this version whatever the actor does next;
+    `load` hands it to the engines whenever they are between requests (snapshot: True). CUDA IPC and
+    NCCL stream from the live actor: `load` is the whole sync, to run while neither side is working
+    (snapshot: False)."""
+    strategy = strategy_for(roles)
+    bucket_bytes = bucket_mb * MIB
+    if strategy == OBJECT_STORE:
+        exported = roles.actor.call_async("export_weights", bucket_bytes)[0]
+        return (lambda: roles.rollout.call("update_weights", exported)), True
+    return (lambda: SYNCS[strategy](roles, bucket_bytes)), False
 
 
 def strategy_for(roles) -> str:

@@ -69,6 +69,15 @@ def test_offload_true_keeps_the_documented_order_every_step():
     ]  # fmt: skip
 
 
+def test_an_overlapped_run_keeps_both_roles_resident():
+    """runner.max_staleness >= 1: the engine generates while the actor trains; nothing is released."""
+    gpu = FakeGPU(total=140, actor=45, engine=70)
+    memory = ColocatedMemory(roles_on(gpu), offload_actor=False, timer=PhaseTimer(), overlapped=True)
+    memory.start()
+    step(memory, gpu)
+    assert gpu.calls == ["generate", "train", "sync"]
+
+
 @pytest.mark.parametrize(
     ("actor", "engine", "resident"),
     [

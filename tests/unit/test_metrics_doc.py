@@ -5,7 +5,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LOGGED = re.compile(
-    r"\"((?:rollout|actor|advantages|reward|val|time|throughput|data|routing|dynamic_sampling)/[a-z_@]+)"
+    r"\"((?:rollout|actor|advantages|reward|val|time|throughput|data|routing|dynamic_sampling|staleness)/[a-z_@]+)"
 )
 
 
