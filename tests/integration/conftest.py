@@ -1,7 +1,12 @@
 """Shared fixtures: a random-init tiny checkpoint (no warm start), one local Ray session, and a
 finished two-step run to resume."""
 
+import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +77,34 @@ def copy_saved_run(saved_run: Path, tmp_path: Path) -> Path:
     """The latest checkpoint (step_2) of a copy of the saved run; step_1 is complete too."""
     shutil.copytree(saved_run, tmp_path, dirs_exist_ok=True)
     return tmp_path / "results" / "it" / "checkpoints" / "step_2"
+
+
+def sigterm_after_step_2(overrides: list[str], out: Path) -> tuple[Path, int, str]:
+    """Start the tiny recipe in its own process, SIGTERM it once step 2 is logged, and check it
+    stopped cleanly: exit 0, one complete checkpoint. (that checkpoint, its step, the output)."""
+    main = Path(__file__).resolve().parents[2] / "examples/reasoning/main_grpo.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(main), "tiny-moe-grpo-cpu", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=out,
+    )
+    lines = []
+    deadline = time.time() + 240
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 2/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.time() < deadline, "".join(lines)
+    rest, _ = proc.communicate(timeout=180)
+    text = "".join(lines) + rest
+    assert proc.returncode == 0, text
+    assert "SIGTERM received" in text and "checkpoint saved to" in text and "Traceback" not in text
+    checkpoints = sorted((out / "results" / "it" / "checkpoints").glob("step_*"))
+    assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
+    stopped_at = json.loads((checkpoints[0] / "runner_state.json").read_text())["step"]
+    assert stopped_at >= 2
+    return checkpoints[0], stopped_at, text

@@ -3,17 +3,13 @@ row trains more than one version old, and the run loses nothing to a checkpoint,
 SIGTERM (the batches in flight are generated again after a resume, never saved)."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rlinf.runners.main import run
 from rlinf.utils.metrics import HISTORY_FILE
-from tests.integration.conftest import small_config, small_run_overrides
+from tests.integration.conftest import sigterm_after_step_2, small_config, small_run_overrides
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +17,8 @@ BOUND_1 = {
     "runner.max_staleness": 1,
     "algorithm.rollout_is.mode": "token_tis",
     "runner.val_check_interval": 0,
+    # the resumes below end sooner (runner.max_steps): a pinned decay keeps the LR schedule
+    "actor.lr_sched.lr_decay_steps": 400,
 }
 PROMPTS_PER_STEP = 4  # small_run_overrides' data.rollout_batch_size
 
@@ -67,30 +65,9 @@ def test_sigterm_mid_run_saves_a_resumable_checkpoint_and_exits_zero(
     random_tiny_checkpoint, tmp_path, ray_session
 ):
     overrides = small_run_overrides(random_tiny_checkpoint, tmp_path, **{**BOUND_1, "runner.max_steps": 200})
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *overrides],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-    )
-    lines = []
-    deadline = time.time() + 240
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step 2/"):  # the producer is generating step 3's batch (or later) now
-            proc.send_signal(signal.SIGTERM)
-            break
-        assert time.time() < deadline, "".join(lines)
-    out, _ = proc.communicate(timeout=180)
-    text = "".join(lines) + out
-    assert proc.returncode == 0, text
-    assert "SIGTERM received" in text and "checkpoint saved to" in text and "Traceback" not in text
-    checkpoints = sorted((tmp_path / "results" / "it" / "checkpoints").glob("step_*"))
-    assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
-    stopped_at = json.loads((checkpoints[0] / "runner_state.json").read_text())["step"]
-    assert 2 <= stopped_at < 200
-    assert _data_index(checkpoints[0]) == stopped_at * PROMPTS_PER_STEP  # the batches in flight dropped
+    checkpoint, stopped_at, _ = sigterm_after_step_2(overrides, tmp_path)
+    assert stopped_at < 200
+    assert _data_index(checkpoint) == stopped_at * PROMPTS_PER_STEP  # the batches in flight dropped
     resumed = small_config(
         random_tiny_checkpoint,
         tmp_path,

@@ -4,16 +4,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rlinf.runners.main import run
 from rlinf.utils.metrics import HISTORY_FILE
-from tests.integration.conftest import small_config, small_run_overrides
+from tests.integration.conftest import sigterm_after_step_2, small_config, small_run_overrides
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -141,29 +138,8 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_zero(random_tiny_checkpo
     # The resume below ends the run sooner (runner.max_steps): a pinned decay keeps the LR schedule.
     pinned = {"runner.val_check_interval": 0, "actor.lr_sched.lr_decay_steps": 400}
     overrides = small_run_overrides(random_tiny_checkpoint, tmp_path, **{"runner.max_steps": 200, **pinned})
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "examples/reasoning/main_grpo.py"), "tiny-moe-grpo-cpu", *overrides],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-    )
-    lines = []
-    deadline = time.time() + 240
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step 2/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-        assert time.time() < deadline, "".join(lines)
-    out, _ = proc.communicate(timeout=180)
-    text = "".join(lines) + out
-    assert proc.returncode == 0, text
-    assert "SIGTERM received" in text and "checkpoint saved to" in text
-    checkpoints = sorted((tmp_path / "results" / "it" / "checkpoints").glob("step_*"))
-    assert len(checkpoints) == 1 and (checkpoints[0] / "COMPLETE").is_file()
-    stopped_at = json.loads((checkpoints[0] / "runner_state.json").read_text())["step"]
-    assert 2 <= stopped_at < 200
+    _, stopped_at, _ = sigterm_after_step_2(overrides, tmp_path)
+    assert stopped_at < 200
     # the checkpoint resumes: the run continues after the step it stopped at
     resumed = small_config(
         random_tiny_checkpoint,
