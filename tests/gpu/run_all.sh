@@ -4,13 +4,13 @@
 # `all` for all of them in one go:
 #
 #   bash tests/gpu/run_all.sh engine   SGLang engine: signatures, hooks, GPU-tiny logprobs / weight
-#                                      pushes / memory, slice logprobs                      (~4 min)
+#                                      pushes / memory, slice logprobs      (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, then optim (precision-aware optimizer,
-#                                      save / load)                                          (~8 min)
+#                                      save / load)                          (467 s on an H200)
 #   bash tests/gpu/run_all.sh pack     packed sequences, then the GRPO loop colocated with SGLang
-#                                                                                            (~8 min)
+#                                                                            (not yet timed)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
-#                                      step                                                  (~9 min)
+#                                      step                                  (not yet timed; <= 580 s)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `engine` needs .whl in the
