@@ -179,13 +179,9 @@ class GRPORunner:
 
     def _produce(self, step: int, prompts: list) -> tuple[RolloutBatch, dict[str, float]]:
         """The pipeline's producer: step `step`'s prompts generated and scored, timed on its own clock."""
-        d, timer = self.cfg.data, PhaseTimer()
+        timer = PhaseTimer()
         with timer.phase("rollout"):
-            keep = d.rollout_batch_size if d.oversample_prompts else None
-            batch = self.roles.rollout.generate(
-                prompts, self.cfg.algorithm.group_size, self.sampling, self._seed("rollout", step=step),
-                keep_groups=keep,
-            )  # fmt: skip
+            batch = self._generate(prompts, self._seed("rollout", step=step))
         with timer.phase("reward"):
             batch = self.roles.reward.score(batch)
         return batch, timer.pop()
@@ -205,17 +201,23 @@ class GRPORunner:
         with fewer fresh prompts drawn, so that the same number of groups is in flight every step."""
         d, n = self.cfg.data, self.cfg.algorithm.group_size
         if not d.partial_rollout:
-            keep = d.rollout_batch_size if d.oversample_prompts else None
             prompts = self.loader.next_batch()
-            return self.roles.rollout.generate(prompts, n, self.sampling, seed, keep_groups=keep), len(
-                prompts
-            )
+            return self._generate(prompts, seed), len(prompts)
         fresh = self.loader.next_batch(prompts_per_step(d) - len(self.carried))
         groups = self.carried + [GroupInFlight.fresh(item, n) for item in fresh]
         result = self.roles.rollout.generate_partial(groups, self.sampling, seed, d.rollout_batch_size)
         self.carried = result.carried
         batch = result.batch
         return replace(batch, extras={**batch.extras, **result.metrics()}), len(fresh)
+
+    def _generate(self, prompts: list, seed: int) -> RolloutBatch:
+        """`prompts` x group_size responses; with data.oversample_prompts the rollout stops once
+        rollout_batch_size groups are complete."""
+        d = self.cfg.data
+        keep = d.rollout_batch_size if d.oversample_prompts else None
+        return self.roles.rollout.generate(
+            prompts, self.cfg.algorithm.group_size, self.sampling, seed, keep_groups=keep
+        )
 
     def validate(self) -> dict[str, float]:
         """Greedy pass@1 on the validation split; with val_n > 1 also sampled mean@k and pass@k."""
