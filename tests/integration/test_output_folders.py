@@ -125,7 +125,8 @@ def test_one_writer_per_output_folder(random_tiny_checkpoint, tmp_path):
     # A run killed outright (SIGKILL) cannot release its lock ...
     before = {path: _listing(path) for path in (root, logs)}
     history = (logs / HISTORY_FILE).read_text()
-    resume = {"runner.seed": 1, "runner.resume_dir": "auto"}
+    # the cosine decays over runner.max_steps: resuming with more steps keeps the recorded schedule
+    resume = {"runner.seed": 1, "runner.resume_dir": "auto", "actor.lr_sched.on_resume": "use_checkpoint"}
     killed = Run(
         _command(random_tiny_checkpoint, tmp_path, **{**resume, "runner.max_steps": 5}), tmp_path, "killed"
     )
