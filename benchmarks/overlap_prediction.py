@@ -118,11 +118,13 @@ def report(ref: Phases, hf: dict, gpu: str, nccl_sync_factor: float, shares: lis
             f"{p.actor_side:.2f} | {p.serial:.2f} | {p.step:.2f} | {ref.step / p.step:.2f}x | "
             f"{memory_cell(lay, gpu_bytes)} |"
         )
-    lines += refused
+    lines += ["", *refused] if refused else []
     fitting = [(n, lay) for n, _, lay in layouts if fits(lay, gpu_bytes)]
     lines += [
         "",
-        "| rollout share of the reference step | " + " | ".join(f"#{n}" for n, _ in fitting) + " |",
+        "| gain over #1, generate at this share of its step | "
+        + " | ".join(f"#{n}" for n, _ in fitting)
+        + " |",
         "| --- |" + " --- |" * len(fitting),
     ]
     for share in [ref.rollout / ref.step, *shares]:
@@ -134,27 +136,43 @@ def report(ref: Phases, hf: dict, gpu: str, nccl_sync_factor: float, shares: lis
     return "\n".join(lines)
 
 
+def shares_between_0_and_1(text: str) -> list[float]:
+    try:
+        shares = [float(s) for s in text.split(",") if s]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated numbers expected") from None
+    if any(not 0 < s < 1 for s in shares):
+        raise argparse.ArgumentTypeError(f"{text!r}: each share must lie between 0 and 1")
+    return shares
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hf-config", required=True, help="the model's config.json")
     parser.add_argument("--measured", default=MEASURED, help="JSONL with a phase_seconds row")
     parser.add_argument(
-        "--phase", action="append", default=[], help="NAME=SECONDS, replaces a measured phase"
+        "--phase", action="append", default=[], help="NAME=SECONDS: replaces a measured phase"
     )
     parser.add_argument("--gpu", default="H200", choices=list(GPU_BYTES))
     parser.add_argument("--nccl-sync-factor", type=float, default=2.0, help="NCCL sync / measured IPC sync")
     parser.add_argument(
-        "--rollout-shares", default="0.5,0.7,0.85", help="also predict at these rollout shares"
+        "--rollout-shares",
+        type=shares_between_0_and_1,
+        default=[0.5, 0.7, 0.85],
+        help="also predict with the generate at these shares of the measured step (comma-separated)",
     )
     args = parser.parse_args(argv)
     try:
         hf = json.loads(Path(args.hf_config).read_text())
         ref = read_measured(args.measured, args.phase)
-        shares = [float(s) for s in args.rollout_shares.split(",") if s]
-        if any(not 0 < s < 1 for s in shares):
-            raise ValueError(f"--rollout-shares {args.rollout_shares}: each share must lie between 0 and 1")
-        print(report(ref, hf, args.gpu, args.nccl_sync_factor, shares))
-    except (OSError, ValueError, KeyError) as err:
+        print(report(ref, hf, args.gpu, args.nccl_sync_factor, args.rollout_shares))
+    except KeyError as err:
+        print(
+            f"overlap_prediction: {args.hf_config}: no field {err} (not a DeepSeek-V3 config?)",
+            file=sys.stderr,
+        )
+        return 2
+    except (OSError, ValueError) as err:
         print(f"overlap_prediction: {err}", file=sys.stderr)
         return 2
     return 0

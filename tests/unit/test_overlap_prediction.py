@@ -11,7 +11,8 @@ from benchmarks.step_time_model import Phases, fits, layout, predict, with_rollo
 from rlinf.config import load_config
 from rlinf.models.memory_plan import GPU_BYTES, rank_params
 
-MOONLIGHT = Path(__file__).parents[1] / "fixtures" / "moonlight-16b-a3b-config.json"
+ROOT = Path(__file__).parents[2]
+MOONLIGHT = ROOT / "tests" / "fixtures" / "moonlight-16b-a3b-config.json"
 H200 = GPU_BYTES["H200"]
 REF = Phases(
     rollout=4.0, reward=0.5, logprobs=1.0, train=3.0, weight_sync=0.5, offload_onload=1.0, other=0.25
@@ -68,6 +69,7 @@ def test_the_command_prints_the_tables_and_refuses_bad_input(capsys, tmp_path):
     assert "| 1 | 8 colocated, offloaded (reference) | 0 | 8: 1 x TP=8 (batch 248) | 8: 8 / 8 / 1 | " in out
     assert "| 3.71 | 6.37 | 1.77 | 11.85 | 1.00x | 70.2 (50%) |" in out  # the measured step, back
     assert "#8 2 rollout + 6 actor, bound 1: refused by the recipe's checks: actor.global_batch_size" in out
+    assert out.strip() in (ROOT / "docs" / "moonlight.md").read_text()  # the doc shows today's output
     assert main(["--hf-config", str(MOONLIGHT), "--phase", "rollout=fast"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "overlap_prediction: --phase rollout=fast: 'fast' is not a number of seconds"
