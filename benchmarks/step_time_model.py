@@ -13,8 +13,9 @@ Each rule is an assumption, not a measurement:
 - Actor: logprobs + train scale with 1 / actor GPUs (the same tokens/s per GPU at any TP / EP).
 - Weight sync: as measured (CUDA IPC) when colocated; x a factor over NCCL between GPU groups.
 - Bound 0 runs the phases in series, plus the offload / onload where the actor offloads. Bound >= 1
-  (rlinf/runners/pipeline.py): the rollout side and the actor side overlap, and the sync waits for
-  the generate in flight, so a step is max(generate + grading, logprobs + train) + sync + other.
+  on GPUs of their own (rlinf/runners/pipeline.py): the rollout side and the actor side overlap, and
+  the sync waits for the generate in flight, so a step is max(generate + grading, logprobs + train)
+  + sync + other. Both resident on the same GPUs with a bound is not predicted (they contend).
 - Memory: the per-GPU peak from rlinf/models/memory_plan.py at the placement's TP / EP / DP fits
   within FIT_SHARE of the GPU (the plan leaves out CUDA contexts, graphs and fragmentation).
 """
@@ -137,6 +138,12 @@ def layout(cfg, hf: dict, gpu_bytes: float) -> Layout:
 
 
 def predict_layout(ref: Phases, base: Layout, lay: Layout, nccl_sync_factor: float) -> Prediction:
+    """`lay`'s step from `ref`, the phase seconds measured at `base`."""
+    if lay.colocated and lay.bound >= 1:
+        raise ValueError(
+            "not predicted: with a bound, colocated roles run at once on the same GPUs and share their "
+            "SMs and bandwidth (measure it: docs/rollout.md)"
+        )
     return predict(
         ref,
         rollout_scale=lay.decode_cost / base.decode_cost,

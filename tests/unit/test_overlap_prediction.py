@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.overlap_prediction import RECIPE, main, split
-from benchmarks.step_time_model import Phases, fits, layout, predict, with_rollout_share
+from benchmarks.step_time_model import Phases, fits, layout, predict, predict_layout, with_rollout_share
 from rlinf.config import load_config
 from rlinf.models.memory_plan import GPU_BYTES, rank_params
 
@@ -58,6 +58,11 @@ def test_decode_cost_and_memory_of_the_placements(moonlight):
     # the actor at TP = EP = 4, DP = 1: 14 B a parameter, plus one micro-batch's activations
     assert four.peak_actor > 14 * rank_params(moonlight, tp=4, ep=4).total
     assert four.peak_rollout == pytest.approx(0.85 * H200) and fits(four, H200)
+    shared = layout(
+        load_config(RECIPE, ["actor.offload_between_phases=false", "runner.max_staleness=1"]), moonlight, H200
+    )
+    with pytest.raises(ValueError, match="not predicted: with a bound, colocated roles run at once"):
+        predict_layout(REF, ref, shared, nccl_sync_factor=2.0)
     one = layout(load_config(RECIPE, split(7, actor_tp=1, rollout_tp=1)), moonlight, H200)
     assert one.peak_actor > 14 * 15.9e9 and not fits(one, H200)  # the whole actor on one GPU
 
