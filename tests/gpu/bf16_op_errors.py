@@ -1,8 +1,10 @@
 """Where the Megatron actor's bf16 forward departs from HF's, op by op, on the GPU-tiny checkpoint.
 
 Both models run the same full rows (no padding, positions 0..T-1) in fp32 (the reference) and in
-bf16. Forward hooks take every layer's attention output, MoE routing (the chosen expert set per
-token), MLP output and layer output, then the final norm, the logits and the next-token logprobs.
+bf16. Forward hooks (tests/megatron_cpu/op_trace.py, shared with the CPU's test_hf_parity.py) take
+the embedding, every layer's attention output, MoE routing (the routing weights and the chosen
+expert set per token), MLP output and layer output, then the final norm, the logits and the
+next-token logprobs.
 Each bf16 run's error against the fp32 run of the same model family is printed per point: relative
 Frobenius error for activations, the share of tokens whose expert set differs from fp32's, and the
 mean |logprob difference|. Then each Megatron provider setting in VARIANTS is switched on its own
@@ -24,6 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "megatron_cpu"))
+from op_trace import errors, hf_points, megatron_points  # noqa: E402
 from test_megatron_actor import (  # noqa: E402
     LOGPROB_ROWS,
     actor_config,
@@ -49,39 +53,11 @@ def full_rows(vocab: int, rows: int = 8, length: int = 64) -> torch.Tensor:
     return torch.randint(3, vocab, (rows, length), generator=g)
 
 
-def next_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return lp.gather(-1, tokens[:, 1:, None].to(lp.device))[..., 0]
-
-
 def hf_trace(path: Path, precision: str, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     from rlinf.models.hf_checkpoint import load_causal_lm
 
     model = load_causal_lm(str(path), precision=precision, device=torch.device("cuda"))
-    trace: dict[str, torch.Tensor] = {}
-    hooks = []
-
-    def keep(name, pick=lambda out: out):
-        def hook(_module, _inputs, out):
-            trace[name] = pick(out).detach().float().clone()  # fp32: a later in-place op reuses it
-
-        return hook
-
-    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731
-    for i, layer in enumerate(model.model.layers):
-        hooks.append(layer.self_attn.register_forward_hook(keep(f"{i}.attention", first)))
-        hooks.append(layer.mlp.register_forward_hook(keep(f"{i}.mlp", first)))
-        hooks.append(layer.register_forward_hook(keep(f"{i}.layer", first)))
-        if hasattr(layer.mlp, "gate"):
-            sets = lambda out: out[2].sort(-1)[0].view(*tokens.shape, -1)  # noqa: E731
-            hooks.append(layer.mlp.gate.register_forward_hook(keep(f"{i}.experts", sets)))
-    hooks.append(model.model.norm.register_forward_hook(keep("final_norm")))
-    with torch.no_grad():
-        logits = model(input_ids=tokens.cuda()).logits
-    trace["logits"] = logits.float()
-    trace["logprobs"] = next_token_logprobs(logits, tokens)
-    for h in hooks:
-        h.remove()
+    trace = hf_points(model, tokens.cuda())
     del model
     free()
     return trace
@@ -97,54 +73,10 @@ def megatron_trace(path: Path, precision: str, tokens: torch.Tensor) -> dict[str
     actor = MegatronActor(actor_config(path, precision))
     model = gpt_model(actor)
     model.eval()
-    trace: dict[str, torch.Tensor] = {}
-    hooks = []
-
-    def keep(name, pick):
-        def hook(_module, _inputs, out):
-            trace[name] = pick(out).detach().float().clone()  # fp32: a later in-place op reuses it
-
-        return hook
-
-    sb_first = lambda out: (out[0] if isinstance(out, tuple) else out).transpose(0, 1)  # noqa: E731
-    b, t = tokens.shape
-
-    def expert_sets(out):  # router -> (probs, routing_map [b*t in s-major order, E])
-        chosen = out[1].view(t, b, -1).transpose(0, 1)
-        k = int(chosen[0, 0].sum())
-        return chosen.float().topk(k, dim=-1)[1].sort(-1)[0]
-
-    for i, layer in enumerate(model.decoder.layers):
-        hooks.append(layer.self_attention.register_forward_hook(keep(f"{i}.attention", sb_first)))
-        hooks.append(layer.mlp.register_forward_hook(keep(f"{i}.mlp", sb_first)))
-        hooks.append(layer.register_forward_hook(keep(f"{i}.layer", sb_first)))
-        if hasattr(layer.mlp, "router"):
-            hooks.append(layer.mlp.router.register_forward_hook(keep(f"{i}.experts", expert_sets)))
-    hooks.append(model.decoder.final_layernorm.register_forward_hook(keep("final_norm", sb_first)))
-    cuda = tokens.cuda()
-    positions = torch.arange(t, device="cuda").expand_as(cuda)
-    with torch.no_grad():
-        logits = model(input_ids=cuda, position_ids=positions, attention_mask=None)
-    trace["logits"] = logits.float()
-    trace["logprobs"] = next_token_logprobs(logits, tokens)
-    for h in hooks:
-        h.remove()
+    trace = megatron_points(model, tokens.cuda())
     del actor, model
     free()
     return trace
-
-
-def errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    out = {}
-    for name, exact in ref.items():
-        value = got[name]
-        if name.endswith("experts"):
-            out[name] = (value != exact).any(-1).float().mean().item()  # share of tokens rerouted
-        elif name == "logprobs":
-            out[name] = (value - exact).abs().mean().item()
-        else:
-            out[name] = ((value - exact).norm() / exact.norm()).item()
-    return out
 
 
 def test_figure(path: Path, overrides: dict, exact: torch.Tensor, batch) -> float:

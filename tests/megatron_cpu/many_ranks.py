@@ -53,13 +53,14 @@ class Layout:
     pack_sequences: bool = False
 
 
-def write_checkpoint(out: Path) -> Path:
+def write_checkpoint(out: Path, **overrides) -> Path:
     """A random fp32 tiny DeepSeek-V3 whose heads (4), experts (8), vocabulary (64) and compressed
-    KV + RoPE width (32 + 16) divide by 2; layer 0 dense, layers 1-2 MoE."""
+    KV + RoPE width (32 + 16) divide by 2; layer 0 dense, layers 1-2 MoE. `overrides`: further
+    DeepseekV3Config fields."""
     from rlinf.models.tiny import TinyModelSettings, random_deepseek_v3
 
     random_deepseek_v3(
-        TinyModelSettings(num_hidden_layers=3, hidden_size=64), vocab_size=VOCAB
+        TinyModelSettings(num_hidden_layers=3, hidden_size=64), vocab_size=VOCAB, **overrides
     ).save_pretrained(out)
     return out
 

@@ -3,10 +3,13 @@ export tool's Megatron path (rlinf.runners.hf_export) builds the actor from the 
 config at its layout, loads the dist checkpoint and runs the weight sync's bridge export.
 
 The folder holds, bit for bit, what the trained actor itself exported, and transformers loads it
-with the trained actor's logprobs (fp32). Those differ from the actor's by the gap between the two
-implementations, which the test measures on the base checkpoint: about 3.7e-5 on this tiny MLA + MoE
-model (HF sdpa or eager attention alike), above the 1e-5 the issue asked for, and the export adds
-nothing to it."""
+with the trained actor's logprobs within 1e-5 (fp32; measured 4.8e-7, one fp32 ulp, as on the base
+checkpoint).
+
+The tiny model is built at `rms_norm_eps` 1e-6, where transformers and megatron-core define MLA alike.
+At another value (the tiny recipe's and Moonlight's 1e-5) they differ in one place, the compressed-KV
+RMSNorm's eps (transformers fixes it at 1e-6), and transformers reads that checkpoint's logprobs
+3.7e-5 away from the actor's whatever the export does (test_hf_parity.py, docs/megatron.md)."""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def trained(tmp_path_factory) -> Path:
     from rlinf.models.tiny_tokenizer import build_char_tokenizer
 
     root = tmp_path_factory.mktemp("megatron-export")
-    base = write_checkpoint(root / "base")
+    base = write_checkpoint(root / "base", rms_norm_eps=1e-6)
     build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(base)
     step = root / "checkpoints" / "step_1"
     spawn(export_ranks.train_and_save, TP2.world, TP2, str(base), str(step))
@@ -90,13 +93,11 @@ def test_tp2_export_loads_in_transformers_with_the_actors_logprobs(trained, tmp_
             batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
         )  # fmt: skip
     mask = batch.response_mask.bool()
-    implementations_gap = float((at_base - want["before"])[mask].abs().max())
+    base_gap = float((at_base - want["before"])[mask].abs().max())
     export_gap = float((got - want["after"])[mask].abs().max())
-    print(
-        f"HF vs actor logprobs, max |diff|: base {implementations_gap:.3g}, trained export {export_gap:.3g}"
-    )
-    assert implementations_gap < 1e-4
-    assert export_gap <= max(1e-5, 1.5 * implementations_gap)
+    print(f"HF vs actor logprobs, max |diff|: base {base_gap:.3g}, trained export {export_gap:.3g}")
+    assert base_gap < 1e-5
+    assert export_gap < 1e-5
     # The update moved the logprobs far more than that: the export holds the trained weights.
     assert float((want["after"] - want["before"])[mask].abs().max()) > 1e-3
     assert load_tokenizer(str(out))("1+2=")["input_ids"] == load_tokenizer(str(base))("1+2=")["input_ids"]
