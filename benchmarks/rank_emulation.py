@@ -81,7 +81,8 @@ class MirrorGroup(dist.ProcessGroup):
     # --- reductions -----------------------------------------------------------------------------
 
     def _reduce(self, out: torch.Tensor, tensor: torch.Tensor, op) -> None:
-        if op in (dist.ReduceOp.SUM, dist.ReduceOp.PREMUL_SUM):
+        kind = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType, which alone compares in `in`
+        if kind in (dist.ReduceOp.SUM, dist.ReduceOp.PREMUL_SUM):
             torch.mul(tensor, self._world, out=out)
         elif out.data_ptr() != tensor.data_ptr():  # max, min, avg, product of ones: itself
             out.copy_(tensor)
