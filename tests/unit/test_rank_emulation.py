@@ -50,14 +50,14 @@ def test_gathers_copy_this_ranks_tensor_and_sums_scale_by_the_group():
 
 
 def test_the_all_to_all_delivers_what_this_rank_sends_itself_and_the_way_back_its_sizes():
-    group = MirrorGroup(0, 4)
-    sent = torch.arange(10.0).unsqueeze(1)  # 2 rows to itself, then 3, 1, 4 to ranks 1..3
-    received = torch.empty(8, 1)  # the dispatcher's all-gathered counts: 2 from every rank
-    group.all_to_all_single(received, sent, [2, 2, 2, 2], [2, 3, 1, 4]).wait()
-    assert torch.equal(received, sent[:2].repeat(4, 1))
+    group = MirrorGroup(1, 4)
+    sent = torch.arange(10.0).unsqueeze(1)  # rows for ranks 0..3: 2, then 3 to itself, 1, 4
+    received = torch.empty(12, 1)  # the dispatcher's all-gathered counts: 3 from every rank
+    group.all_to_all_single(received, sent, [3, 3, 3, 3], [2, 3, 1, 4]).wait()
+    assert torch.equal(received, sent[2:5].repeat(4, 1))
     back = torch.empty(10, 1)  # the combine: as many rows as went out to each rank
-    group.all_to_all_single(back, received, [2, 3, 1, 4], [2, 2, 2, 2]).wait()
-    assert torch.equal(back[:2], received[:2])
+    group.all_to_all_single(back, received, [2, 3, 1, 4], [3, 3, 3, 3]).wait()
+    assert torch.equal(back[2:5], received[3:6])  # its own rows, back from itself
 
 
 def test_one_ranks_flops_are_the_models_over_the_ranks():
