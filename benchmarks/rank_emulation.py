@@ -1,4 +1,4 @@
-"""One rank of a Megatron layout in one process: torch.distributed with collectives that move nothing.
+"""One rank of a Megatron layout in one process: torch.distributed whose collectives stay on this GPU.
 
 `emulate_rank(world_size, ...)` starts torch.distributed as global rank 0 of `world_size` ranks
 and megatron-core's model-parallel groups at the given TP / EP / ETP (SP is the model's setting).
@@ -20,8 +20,9 @@ rank holds:
   returns as many rows as this rank sent to each rank, filled from the rows its experts computed;
 - broadcast, scatter (from this rank: its own chunk), barrier: local, no wait.
 
-Each is one local copy or scale kernel, on the tensors' device: the GPU time of the real
-collectives (NVLink) is not in the measurement; docs/moonlight.md adds an estimate of it.
+Each is one or two local copy / scale kernels on the tensors' device (counted in the profile's
+kernels and busy time): the real collectives' NVLink time is not in the measurement;
+benchmarks/rank_prediction.py adds an estimate of it.
 """
 
 from __future__ import annotations
