@@ -494,7 +494,8 @@ def predicted_step(args, config: dict, measured: dict) -> dict:
         config,
         train_call_s=measured["seconds_per_train_call"],
         logprob_call_s=measured["seconds_per_logprob_call"],
-        micro_batches_per_call=-(-args.rows // args.micro_batch),
+        sequences_per_call=args.rows,
+        sequences_per_micro_batch=args.micro_batch,
         tokens_per_micro_batch=args.micro_batch * (args.prompt + args.response),
     )
 

@@ -3,12 +3,13 @@
 The emulated rank measures one rank's GPU work and host work at the recipe's layout, without the
 collectives. The prediction (docs/moonlight.md, section 6):
 
-    per-GPU actor time per step = micro-batches per step per rank
-        x (train seconds + logprob seconds per micro-batch, measured
-           + collective seconds per micro-batch, estimated: bytes / link bandwidth + count x latency)
+    per-GPU actor time per step = sequences per step per rank
+        x (train + logprob seconds per sequence, measured)
+        + micro-batches per step per rank x collective seconds per micro-batch, estimated
+          (bytes / link bandwidth + count x latency)
 
-Micro-batches per step per rank: rollout_batch_size x group_size / (micro_batch_size x data
-parallel size). The collectives are assumed not to overlap compute (megatron-core's TP
+Sequences per step per rank: rollout_batch_size x group_size / data-parallel size; micro-batches:
+that over the benchmark's micro-batch size (the recipe's, 1, by default). The collectives are assumed not to overlap compute (megatron-core's TP
 communication overlap is off in the recipe), each moving over NVLink at `LinkAssumption` rates.
 Bytes one rank receives per micro-batch of T tokens (bf16, W = TP ranks, f = (W - 1) / W), forward:
 
@@ -79,8 +80,9 @@ def collectives_per_micro_batch(hf: dict, tokens: int, tp: int, ep: int) -> dict
     return {"bytes": BF16 * width, "count": count}
 
 
-def micro_batches_per_step(cfg) -> int:
-    """Micro-batches one rank trains (and recomputes logprobs for) per GRPO step of recipe `cfg`."""
+def sequences_per_step(cfg) -> int:
+    """Sequences one rank trains (and recomputes logprobs for) per GRPO step of recipe `cfg`:
+    rollout_batch_size x group_size over the data-parallel ranks."""
     from rlinf.config.validate import placement_of
 
     m = cfg.actor.model
@@ -88,8 +90,7 @@ def micro_batches_per_step(cfg) -> int:
     dp = max(
         gpus // (m.tensor_model_parallel_size * m.context_parallel_size * m.pipeline_model_parallel_size), 1
     )
-    rows = cfg.data.rollout_batch_size * cfg.algorithm.group_size
-    return -(-rows // (cfg.actor.micro_batch_size * dp))
+    return -(-cfg.data.rollout_batch_size * cfg.algorithm.group_size // dp)
 
 
 def predict_actor_step(
@@ -98,26 +99,30 @@ def predict_actor_step(
     *,
     train_call_s: float,
     logprob_call_s: float,
-    micro_batches_per_call: int,
+    sequences_per_call: int,
+    sequences_per_micro_batch: int,
     tokens_per_micro_batch: int,
     link: LinkAssumption = LinkAssumption(),
 ) -> dict:
     """The per-GPU actor seconds of one GRPO step of recipe `cfg` (module docstring), from the
-    emulated rank's measured train and logprob calls of `micro_batches_per_call` micro-batches."""
+    emulated rank's measured train and logprob calls over `sequences_per_call` sequences, in
+    micro-batches of `sequences_per_micro_batch` (`tokens_per_micro_batch` tokens)."""
     m = cfg.actor.model
-    steps = micro_batches_per_step(cfg)
+    sequences = sequences_per_step(cfg)
+    micro_batches = -(-sequences // sequences_per_micro_batch)
     comm = collectives_per_micro_batch(
         hf, tokens_per_micro_batch, m.tensor_model_parallel_size, m.expert_model_parallel_size
     )
     forward_comm_s = comm["bytes"] / (link.gbps * 1e9) + comm["count"] * link.latency_us * 1e-6
-    train_s = steps * (train_call_s / micro_batches_per_call + 2 * forward_comm_s)
-    logprob_s = steps * (logprob_call_s / micro_batches_per_call + forward_comm_s)
+    train_s = sequences * train_call_s / sequences_per_call + micro_batches * 2 * forward_comm_s
+    logprob_s = sequences * logprob_call_s / sequences_per_call + micro_batches * forward_comm_s
     return {
-        "micro_batches_per_step_per_rank": steps,
+        "sequences_per_step_per_rank": sequences,
+        "micro_batches_per_step_per_rank": micro_batches,
         "tokens_per_micro_batch": tokens_per_micro_batch,
         "collective_gib_per_train_micro_batch": 2 * comm["bytes"] / 2**30,
         "collectives_per_train_micro_batch": 2 * comm["count"],
-        "collective_s_per_step": steps * 3 * forward_comm_s,
+        "collective_s_per_step": micro_batches * 3 * forward_comm_s,
         "train_s_per_step": train_s,
         "logprob_s_per_step": logprob_s,
         "actor_s_per_step": train_s + logprob_s,

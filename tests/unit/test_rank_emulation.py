@@ -15,9 +15,9 @@ from benchmarks.rank_emulation import MirrorGroup
 from benchmarks.rank_prediction import (
     LinkAssumption,
     collectives_per_micro_batch,
-    micro_batches_per_step,
     predict_actor_step,
     rank_flops_per_token,
+    sequences_per_step,
 )
 
 MOONLIGHT = json.loads((Path(__file__).parents[1] / "fixtures" / "moonlight-16b-a3b-config.json").read_text())
@@ -83,14 +83,15 @@ def test_the_step_prediction_adds_the_collectives_to_the_measured_micro_batches(
     from rlinf.config import load_config
 
     cfg = load_config("moonlight-16b-grpo-megatron", [])
-    assert micro_batches_per_step(cfg) == 64 * 8  # rollout_batch_size x group_size, DP 1, mbs 1
+    assert sequences_per_step(cfg) == 64 * 8  # rollout_batch_size x group_size, DP 1
     link = LinkAssumption(gbps=100.0, latency_us=0.0)
     out = predict_actor_step(
         cfg,
         MOONLIGHT,
         train_call_s=2.0,
         logprob_call_s=0.5,
-        micro_batches_per_call=4,
+        sequences_per_call=4,
+        sequences_per_micro_batch=1,
         tokens_per_micro_batch=9216,
         link=link,
     )
@@ -98,3 +99,20 @@ def test_the_step_prediction_adds_the_collectives_to_the_measured_micro_batches(
     assert out["train_s_per_step"] == pytest.approx(512 * (0.5 + 2 * comm_s))
     assert out["logprob_s_per_step"] == pytest.approx(512 * (0.125 + comm_s))
     assert out["actor_s_per_step"] == pytest.approx(out["train_s_per_step"] + out["logprob_s_per_step"])
+
+
+def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape():
+    from types import SimpleNamespace
+
+    from benchmarks.actor_throughput import predicted_step
+
+    args = SimpleNamespace(
+        recipe="moonlight-16b-grpo-megatron", rows=8, micro_batch=1, prompt=1024, response=8192
+    )
+    measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
+    out = predicted_step(args, MOONLIGHT, measured)
+    forward = collectives_per_micro_batch(MOONLIGHT, 2 * 9216, 8, 8)
+    link = LinkAssumption()
+    comm_s = forward["bytes"] / (link.gbps * 1e9) + forward["count"] * link.latency_us * 1e-6
+    assert out["tokens_per_micro_batch"] == 2 * 9216 and out["micro_batches_per_step_per_rank"] == 256
+    assert out["actor_s_per_step"] == pytest.approx(512 * (4.0 + 1.0) / 8 + 256 * 3 * comm_s)
