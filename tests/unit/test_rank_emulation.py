@@ -107,7 +107,7 @@ def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape():
     from benchmarks.actor_throughput import predicted_step
 
     args = SimpleNamespace(
-        recipe="moonlight-16b-grpo-megatron", rows=8, micro_batch=1, prompt=1024, response=8192
+        recipe="moonlight-16b-grpo-megatron", rows=8, micro_batch=2, prompt=1024, response=8192
     )
     measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
     out = predicted_step(args, MOONLIGHT, measured)
