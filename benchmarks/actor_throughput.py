@@ -9,6 +9,7 @@ the medians over its runs (figure by figure), its `runs` the per-run values:
 
     tokens_per_s   (prompt + response tokens through forward + backward) / train wall time
     mfu            model FLOPs / (wall time x peak bf16 dense FLOP/s of the GPU, --peak-tflops)
+    tflop_per_s    model FLOPs / wall time
     max_memory_gib peak allocated GPU memory of the run
     with --profile: train_call_span_ms, gpu_busy_ms, gpu_idle_ms, gpu_busy_share, kernels
 
@@ -39,6 +40,12 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--megatron-setting attention_backend=unfused]  # a provider setting of every TE Megatron
                                    # actor of the run (repeatable); TE's core attention kernel is one
                                    # per process, so it is a setting, not a variant
+        [--emulate-rank]  # with --backends megatron: the Megatron actor as rank 0 of the recipe's
+                          # actor.model layout (TP / EP / ETP, SP, dispatcher, recompute), its
+                          # collectives stand-ins that move nothing (benchmarks/rank_emulation.py),
+                          # random weights (DIR needs only config.json), routing uniform at random;
+                          # FLOPs and tokens/s are the rank's, and `prediction` is the recipe's
+                          # per-GPU actor time per step (benchmarks/rank_prediction.py)
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -193,10 +200,12 @@ def measure(
     profile: Path | None = None,
     host: bool = False,
     label: str | None = None,
+    logprobs: bool = False,
 ) -> tuple[list[dict], dict | None]:
     """One actor, one warm-up `train` call, then `repeats` runs of `shape.steps` timed calls (each
     followed by one profiled call with `profile`); (the runs' figures, the actor's spec or None).
-    `label`: the run's name in the results (a variant's), for its trace files."""
+    `label`: the run's name in the results (a variant's), for its trace files. `logprobs`: each run
+    also times one `compute_logprobs` call over the same batch."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -222,8 +231,14 @@ def measure(
             "seconds_per_train_call": seconds,
             "tokens_per_s": shape.tokens / seconds,
             "mfu": shape.flops / seconds / (shape.peak_tflops * 1e12),
+            "tflop_per_s": shape.flops / seconds / 1e12,
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
+        if logprobs:
+            start = time.perf_counter()
+            actor.compute_logprobs(data)
+            torch.cuda.synchronize()
+            figures["seconds_per_logprob_call"] = time.perf_counter() - start
         if profile:
             trace = profile_train_call(actor, data, profile / f"{file_name}.run{run}.trace.json", host)
             figures.update(profiled_figures(trace), profile_one_train_call=trace)
@@ -354,9 +369,21 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a provider setting of every TE Megatron actor of this run, e.g. attention_backend=unfused",
     )
+    parser.add_argument(
+        "--emulate-rank",
+        action="store_true",
+        help="the Megatron actor as rank 0 of the recipe's layout, collectives left out (docstring)",
+    )
     args = parser.parse_args()
+    if args.emulate_rank and (args.backends != "megatron" or args.megatron_variants):
+        raise SystemExit("--emulate-rank measures one Megatron actor: --backends megatron, no variants")
     config = json.loads((Path(args.model) / "config.json").read_text())
     ensure_tokenizer(args.model)
+    model = ModelConfig(
+        model_path=args.model, precision=args.precision, moe_grouped_gemm=args.megatron_grouped_gemm
+    )
+    if args.emulate_rank:
+        model = emulated_model(args.recipe, args.model, args.precision)
     cfg = Config(
         runner=RunnerConfig(seed=1),
         algorithm=AlgorithmConfig(),
@@ -364,15 +391,28 @@ def main() -> None:
             micro_batch_size=args.micro_batch,
             global_batch_size=args.rows,  # one optimizer step per train call
             seq_length=args.prompt + args.response,
-            model=ModelConfig(
-                model_path=args.model, precision=args.precision, moe_grouped_gemm=args.megatron_grouped_gemm
-            ),
+            model=model,
             optim=recipe_optim(args.recipe),
         ),
     )
     data = batch(config["vocab_size"], args.rows, args.prompt, args.response)
     tokens = args.rows * (args.prompt + args.response)
     flops = tokens * flops_per_token(config, context=args.prompt + args.response)
+    settings = {k: v for text in args.megatron_setting for k, v in parse_setting(text).items()}
+    emulation = contextlib.nullcontext()
+    if args.emulate_rank:
+        from benchmarks.rank_emulation import EMULATION_SETTINGS, emulate_rank, random_weights
+        from benchmarks.rank_prediction import rank_flops_per_token
+
+        tp, ep, etp = (
+            model.tensor_model_parallel_size,
+            model.expert_model_parallel_size,
+            model.expert_tensor_parallel_size,
+        )
+        emulate_rank(tp, tp=tp, ep=ep, etp=etp)
+        flops = tokens * rank_flops_per_token(config, tp, ep, etp, context=args.prompt + args.response)
+        settings |= EMULATION_SETTINGS
+        emulation = random_weights()
     result: dict = {
         "benchmark": "actor_throughput",
         "gpu": torch.cuda.get_device_name(),
@@ -386,6 +426,7 @@ def main() -> None:
         "recipe_optim": args.recipe,
         "use_precision_aware_optimizer": cfg.actor.optim.use_precision_aware_optimizer,
         "repeats": args.repeats,
+        "emulated_rank": emulated_layout(model) if args.emulate_rank else None,
     }
     shape = Shape(steps=args.steps, tokens=tokens, flops=flops, peak_tflops=args.peak_tflops)
     # The TE-free child first: this process then holds no GPU memory yet (megatron keeps some after
@@ -393,14 +434,13 @@ def main() -> None:
     backends = sorted(args.backends.split(","), key=lambda b: b != "megatron-te-free")
     runs = [(b, {}) for b in backends]
     runs += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
-    settings = {k: v for text in args.megatron_setting for k, v in parse_setting(text).items()}
     result["megatron_settings"] = {k: getattr(v, "name", v) for k, v in settings.items()}
     for name, overrides in runs:
         if name == "megatron-te-free":
             result[name] = measure_te_free(sys.argv[1:])
             print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
             continue
-        with provider_overrides({**settings, **overrides}):
+        with provider_overrides({**settings, **overrides}), emulation:
             runs, spec = measure(
                 name.split("[")[0],
                 cfg,
@@ -410,6 +450,7 @@ def main() -> None:
                 args.profile,
                 args.profile_host,
                 label=name,
+                logprobs=args.emulate_rank,
             )
         result[name] = {
             **({"spec": spec["spec"], "routed_experts": spec["routed_experts"]} if spec else {}),
@@ -417,7 +458,46 @@ def main() -> None:
         }
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+    if args.emulate_rank:
+        result["prediction"] = predicted_step(args, config, result["megatron"])
     print(json.dumps(with_speedups(result)))
+
+
+def emulated_model(recipe: str, model_path: str, precision: str) -> ModelConfig:
+    """The recipe's actor.model (its layout, dispatcher, grouped GEMM, recompute) on `model_path`."""
+    from rlinf.config.loader import compose_recipe
+    from rlinf.config.typed import from_dict
+
+    model = from_dict(ModelConfig, compose_recipe(recipe)["actor"]["model"], "actor.model")
+    return replace(model, model_path=model_path, precision=precision)
+
+
+def emulated_layout(model: ModelConfig) -> dict:
+    return {
+        "ranks": model.tensor_model_parallel_size,
+        "tp": model.tensor_model_parallel_size,
+        "ep": model.expert_model_parallel_size,
+        "etp": model.expert_tensor_parallel_size,
+        "sequence_parallel": model.sequence_parallel,
+        "routing": "uniform at random (moe_router_force_load_balancing)",
+        "weights": "random (megatron-core's init; no checkpoint load)",
+    }
+
+
+def predicted_step(args, config: dict, measured: dict) -> dict:
+    """The recipe's per-GPU actor time per step from the emulated rank's medians."""
+    from benchmarks.rank_prediction import predict_actor_step
+    from rlinf.config import load_config
+
+    return predict_actor_step(
+        load_config(args.recipe, []),
+        config,
+        train_call_s=measured["seconds_per_train_call"],
+        logprob_call_s=measured["seconds_per_logprob_call"],
+        sequences_per_call=args.rows,
+        sequences_per_micro_batch=args.micro_batch,
+        tokens_per_micro_batch=args.micro_batch * (args.prompt + args.response),
+    )
 
 
 def with_speedups(result: dict) -> dict:

@@ -50,33 +50,54 @@ class RankParams:
 def rank_params(hf: dict, tp: int = 1, ep: int = 1, etp: int = 1) -> RankParams:
     """What one rank of a DeepSeek-V3-shaped model holds at TP / EP / ETP (PP = 1). The KV
     down-projection is counted whole on every rank (an upper bound: the TE-free spec splits it)."""
+    parts = rank_parts(hf, tp, ep, etp).values()
+    return RankParams(
+        replicated=sum(p.replicated for p in parts),
+        tensor_parallel=sum(p.tensor_parallel for p in parts),
+        experts=sum(p.experts for p in parts),
+    )
+
+
+def rank_parts(
+    hf: dict, tp: int = 1, ep: int = 1, etp: int = 1, *, kv_down_split: bool = False
+) -> dict[str, RankParams]:
+    """`rank_params` part by part, as megatron-core names the modules: `embedding`,
+    `decoder.layers.<i>` (layer 0.. the first `first_k_dense_replace` dense, the rest MoE) and
+    `output` (final norm and LM head). `kv_down_split`: the KV down-projection TP-split, as the
+    TE-free spec builds it (Transformer Engine's spec keeps it whole on every rank)."""
     h, heads, layers = hf["hidden_size"], hf["num_attention_heads"], hf["num_hidden_layers"]
     experts = hf.get("n_routed_experts") or 0
     if heads % tp or (experts and experts % ep):
         raise ValueError(f"TP={tp} must divide the {heads} heads and EP={ep} the {experts} routed experts")
     qk_head = hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"]
     kv_lora, q_lora = hf["kv_lora_rank"], hf.get("q_lora_rank")
-    replicated = 2 * h + kv_lora + h * (kv_lora + hf["qk_rope_head_dim"])  # 2 norms, KV norm, KV down
+    kv_down = h * (kv_lora + hf["qk_rope_head_dim"])
+    replicated = 2 * h + kv_lora  # 2 norms, KV norm
     split = kv_lora * heads * (hf["qk_nope_head_dim"] + hf["v_head_dim"]) + heads * hf["v_head_dim"] * h
+    if kv_down_split:
+        split += kv_down
+    else:
+        replicated += kv_down
     if q_lora:
         replicated += h * q_lora + q_lora
         split += q_lora * heads * qk_head
     else:
         split += h * heads * qk_head
     dense_layers = min(hf.get("first_k_dense_replace", layers), layers) if experts else layers
-    moe_layers = layers - dense_layers
     moe_i = hf.get("moe_intermediate_size", 0)
-    shared = 3 * h * moe_i * (hf.get("n_shared_experts") or 0)
-    vocab_copies = 1 if hf.get("tie_word_embeddings") else 2
-    return RankParams(
-        replicated=layers * replicated + moe_layers * experts * h + h,  # + routers, final norm
-        tensor_parallel=(
-            layers * split + dense_layers * 3 * h * hf["intermediate_size"] + moe_layers * shared
-        )
-        // tp
-        + vocab_copies * hf["vocab_size"] * h // tp,
-        experts=moe_layers * (experts // ep) * 3 * h * moe_i // etp,
+    dense = RankParams(replicated, (split + 3 * h * hf["intermediate_size"]) // tp, 0)
+    moe = RankParams(
+        replicated + experts * h,  # + router
+        (split + 3 * h * moe_i * (hf.get("n_shared_experts") or 0)) // tp,
+        (experts // ep) * 3 * h * moe_i // etp,
     )
+    vocab_shard = hf["vocab_size"] * h // tp
+    head = RankParams(h, 0 if hf.get("tie_word_embeddings") else vocab_shard, 0)  # final norm, LM head
+    return {
+        "embedding": RankParams(0, vocab_shard, 0),
+        **{f"decoder.layers.{i}": dense if i < dense_layers else moe for i in range(layers)},
+        "output": head,
+    }
 
 
 def largest_tensor_numel(hf: dict) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|rank-emulation|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -31,6 +31,11 @@
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
 #          ops, where device->host syncs come from), then both actors at one 16384-token micro-batch
+#   rank-emulation  (not in `all`) one rank of moonlight-16b-grpo-megatron (TP=8, EP=8, ETP=1, SP) on
+#          this GPU, collectives left out (benchmarks/rank_emulation.py): the full-size rank (27
+#          layers, random weights from the Moonlight config), 8 micro-batches of 1 x 9216 tokens a
+#          train call, profiled; JSON with the train-call span, GPU busy share, kernels, TFLOP/s and
+#          `prediction`, the recipe's per-GPU actor seconds per step (docs/moonlight.md, section 6)
 #
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
@@ -91,8 +96,14 @@ case "$mode" in
       run timeout 200 python3 -m benchmarks.packed_micro_batches --model "$slice" --backend $backend --precision bf16 \
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
+  rank-emulation)
+    config=$RLINF_GPU_TEST_DIR/moonlight-config-only
+    mkdir -p "$config" && cp tests/fixtures/moonlight-16b-a3b-config.json "$config/config.json"
+    run timeout "${BENCH_TIMEOUT:-540}" python3 -m benchmarks.actor_throughput --model "$config" --backends megatron \
+      --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
+      --profile /tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }
