@@ -101,8 +101,18 @@ SMALL_SETTINGS = TinyModelSettings(
 # The tiny model with MLA dims SGLang's triton kernels handle (`tiny://bootstrap-gpu`): the MLA decode
 # kernel compiles only kv_lora_rank + qk_rope_head_dim = 288 or 576, and a 64-wide value head keeps the
 # extend-attention kernel off 32-wide tiles (an illegal memory access on a machine's second run, seen
-# with v 32; docs/sglang.md).
-GPU_TINY_SETTINGS = TinyModelSettings(kv_lora_rank=256, qk_rope_head_dim=32, v_head_dim=64)
+# with v 32; docs/sglang.md). Its task adds `*` to + and -: the val split then holds ~900 expressions,
+# enough for the 512 val problems of `tiny-moe-grpo-gpu`. The harder task needs a longer warm start to
+# reach where the CPU default's starts (~27% greedy); docs/models.md has the curve.
+GPU_TINY_SETTINGS = TinyModelSettings(
+    kv_lora_rank=256,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    operations=("+", "-", "*"),
+    num_train_problems=6000,
+    num_val_problems=512,
+    train_steps=600,
+)
 
 
 def deepseek_v3_config(settings: TinyModelSettings, *, vocab_size: int, **overrides: Any) -> DeepseekV3Config:

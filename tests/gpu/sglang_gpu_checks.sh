@@ -172,15 +172,14 @@ case "${1:-}" in
   curve)
     # The run's metrics.jsonl, resolved config, spec record, curves PNG and log come back under
     # $OUT/curve-$CURVE_TAG; CURVE_TIMEOUT (default 560) bounds the run (the metrics of the steps
-    # done by then still come back).
+    # done by then still come back). No carried checkpoint: the recipe's tiny://bootstrap-gpu warm
+    # start is built into the cache by the first run on a machine, as a user's run builds it.
     use_project_stack
-    use_tiny_checkpoint .h11-tiny
     tag=${CURVE_TAG:-megatron}
     work=/tmp/curve-$tag
     rm -rf "$work" && mkdir -p "$OUT/curve-$tag"
     timeout "${CURVE_TIMEOUT:-560}" python3 examples/reasoning/main_grpo.py tiny-moe-grpo-gpu \
-      "actor.model.model_path=${RLINF_GPU_TINY:-tiny://bootstrap-gpu}" "runner.output_dir=$work/results" \
-      "runner.logger.log_path=$work/logs" "${@:2}" >"$OUT/curve-$tag/run.log" 2>&1
+      "runner.output_dir=$work/results" "runner.logger.log_path=$work/logs" "${@:2}" >"$OUT/curve-$tag/run.log" 2>&1
     status=$?
     grep -E "^(step|val|spec)|Error|error:" "$OUT/curve-$tag/run.log" | tail -n 30
     cp -f "$work"/logs/*.jsonl "$work"/logs/*.yaml "$work"/logs/*.json "$work"/logs/*.png "$OUT/curve-$tag/" 2>/dev/null

@@ -2,7 +2,7 @@
 steps, with rewards, the rollout/actor logprob mismatch and time/weight_sync in TensorBoard.
 
 Needs ray + sglang on the device (two back-to-back device calls; docs/sglang.md). The checkpoint is
-RLINF_GPU_TINY (a warm-started GPU-tiny, built on the CPU machine and carried) or tiny://bootstrap-gpu.
+RLINF_GPU_TINY (a warm-started GPU-tiny, built on the CPU machine and carried) or tiny://bootstrap-gpu's cached build.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import pytest
 from gpu_checks import record
 from grpo_run import run_tiny_grpo
+
+from rlinf.models.tiny import TINY_GPU_URI, resolve_model_path
 
 STEPS = 4
 ACTORS = {
@@ -33,7 +35,9 @@ def test_grpo_loop_colocated_on_one_gpu(cuda, sglang_installed, tmp_path, actor)
         pytest.skip("needs ray (carry .wray on the device)")
     if actor.startswith("megatron") and importlib.util.find_spec("megatron") is None:
         pytest.skip("needs megatron-core (carry .wmeg on the device)")
-    model = os.environ.get("RLINF_GPU_TINY", "tiny://bootstrap-gpu")
+    # Resolved (built into the cache on a machine's first run) here, outside the run's timeout:
+    # GPU-tiny's 600-step warm start takes minutes of one CPU core.
+    model = os.environ.get("RLINF_GPU_TINY") or resolve_model_path(TINY_GPU_URI)
     steps = run_tiny_grpo(
         tmp_path,
         [

@@ -208,3 +208,23 @@ def test_tiny_recipe_trains_on_the_task_the_tiny_model_was_warm_started_on():
     assert cfg.actor.model.model_path == TINY_URI
     task = cfg.data.synthetic
     assert (task.digits, task.operations, task.steps) == (tiny.digits, tiny.operations, tiny.steps)
+
+
+def test_gpu_recipe_validates_on_512_problems_of_gpu_tinys_warm_start_task():
+    from rlinf.data.synthetic import generate_arithmetic
+    from rlinf.models.tiny import GPU_TINY_SETTINGS, TINY_GPU_URI
+
+    cfg = load_config("tiny-moe-grpo-gpu")
+    gpu = GPU_TINY_SETTINGS
+    assert cfg.actor.model.model_path == TINY_GPU_URI
+    task = cfg.data.synthetic
+    assert (task.digits, task.operations, task.steps) == (gpu.digits, gpu.operations, gpu.steps)
+    # 512 problems: one seed's greedy accuracy has a standard error of about 2 points
+    assert task.num_val >= 512
+    shape = {"digits": task.digits, "operations": task.operations, "steps": task.steps}
+    val = generate_arithmetic("val", task.num_val, seed=cfg.runner.seed, **shape)
+    train = generate_arithmetic("train", task.num_train, seed=cfg.runner.seed, **shape)
+    assert (len(val), len(train)) == (task.num_val, task.num_train)
+    # the tiny tokenizer is character-level: a worked solution plus EOS must fit the response budget
+    longest = max(len(p.worked_solution) for p in [*val, *train])
+    assert longest + 1 <= cfg.algorithm.sampling_params.max_new_tokens
