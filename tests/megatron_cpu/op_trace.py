@@ -30,6 +30,19 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+def _run(trace: dict, hooks: list, forward, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`forward()` without grad, the hooks filling `trace`; then the logits and logprobs."""
+    try:
+        with torch.no_grad():
+            logits = forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    trace["logits"] = logits.float()
+    trace["logprobs"] = next_token_logprobs(logits, tokens)
+    return trace
+
+
 def hf_points(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """The points of a transformers DeepseekV3ForCausalLM's forward over `tokens` [b, t]."""
     trace: dict[str, torch.Tensor] = {}
@@ -50,15 +63,7 @@ def hf_points(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
             chosen = lambda out: out[2].sort(-1)[0].view(b, t, -1)  # noqa: E731
             hooks.append(layer.mlp.gate.register_forward_hook(_keep(trace, f"{i}.experts", chosen)))
     hooks.append(model.model.norm.register_forward_hook(_keep(trace, "final_norm", _first)))
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=tokens).logits
-    finally:
-        for h in hooks:
-            h.remove()
-    trace["logits"] = logits.float()
-    trace["logprobs"] = next_token_logprobs(logits, tokens)
-    return trace
+    return _run(trace, hooks, lambda: model(input_ids=tokens).logits, tokens)
 
 
 def megatron_points(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -86,15 +91,9 @@ def megatron_points(model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
             hooks.append(layer.mlp.router.register_forward_hook(_keep(trace, f"{i}.experts", experts)))
     hooks.append(model.decoder.final_layernorm.register_forward_hook(_keep(trace, "final_norm", batch_first)))
     positions = torch.arange(t, device=tokens.device).expand_as(tokens)
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=tokens, position_ids=positions, attention_mask=None)
-    finally:
-        for h in hooks:
-            h.remove()
-    trace["logits"] = logits.float()
-    trace["logprobs"] = next_token_logprobs(logits, tokens)
-    return trace
+    return _run(
+        trace, hooks, lambda: model(input_ids=tokens, position_ids=positions, attention_mask=None), tokens
+    )
 
 
 def errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
