@@ -83,13 +83,9 @@ def collectives_per_micro_batch(hf: dict, tokens: int, tp: int, ep: int) -> dict
 def sequences_per_step(cfg) -> int:
     """Sequences one rank trains (and recomputes logprobs for) per GRPO step of recipe `cfg`:
     rollout_batch_size x group_size over the data-parallel ranks."""
-    from rlinf.config.validate import placement_of
+    from rlinf.config.validate import actor_data_parallel_size
 
-    m = cfg.actor.model
-    gpus = len(placement_of(cfg).gpus["actor"])
-    dp = max(
-        gpus // (m.tensor_model_parallel_size * m.context_parallel_size * m.pipeline_model_parallel_size), 1
-    )
+    dp = max(actor_data_parallel_size(cfg), 1)
     return -(-cfg.data.rollout_batch_size * cfg.algorithm.group_size // dp)
 
 
