@@ -57,6 +57,10 @@ class TinyModelSettings:
     v_head_dim: int = 32
     routed_scaling_factor: float = 2.446  # Moonlight's
     max_position_embeddings: int = 512
+    # Start kv_b_proj and o_proj at the output scale they have at this class's default MLA dims:
+    # their init std (0.02) times sqrt(default fan-in / fan-in). Without it, a latent or value heads
+    # wider than the default make attention outputs several times the embeddings' size at init.
+    fan_in_scaled_attention_init: bool = False
     # Synthetic task, the tiny CPU recipe's default data. Two-digit operands are out of reach for a
     # CPU-minutes budget (under 10% after 3000 warm-start steps); one digit is learnable.
     digits: int = 1
@@ -101,9 +105,11 @@ SMALL_SETTINGS = TinyModelSettings(
 # The tiny model with MLA dims SGLang's triton kernels handle (`tiny://bootstrap-gpu`): the MLA decode
 # kernel compiles only kv_lora_rank + qk_rope_head_dim = 288 or 576, and a 64-wide value head keeps the
 # extend-attention kernel off 32-wide tiles (an illegal memory access on a machine's second run, seen
-# with v 32; docs/sglang.md). Its task adds `*` to + and -: the val split then holds ~900 expressions,
-# enough for the 512 val problems of `tiny-moe-grpo-gpu`. The harder task needs a longer warm start to
-# reach where the CPU default's starts (~27% greedy); docs/models.md has the curve.
+# with v 32; docs/sglang.md). At the plain init those wider dims make its attention outputs 3-7x the
+# default's, and it learns about half as fast, in the warm start and in GRPO (docs/models.md): its
+# build scales them back (fan_in_scaled_attention_init). Its task adds `*` to + and -: the val
+# split then holds ~900 expressions, enough for the 512 val problems of `tiny-moe-grpo-gpu`. 800
+# warm-start steps leave it near 40% greedy on the harder task; docs/models.md has the curves.
 GPU_TINY_SETTINGS = TinyModelSettings(
     kv_lora_rank=256,
     qk_rope_head_dim=32,
@@ -111,7 +117,8 @@ GPU_TINY_SETTINGS = TinyModelSettings(
     operations=("+", "-", "*"),
     num_train_problems=6000,
     num_val_problems=512,
-    train_steps=600,
+    train_steps=800,
+    fan_in_scaled_attention_init=True,
 )
 
 
@@ -183,6 +190,22 @@ def random_deepseek_v3(
     return DeepseekV3ForCausalLM(config).float().eval()
 
 
+def scale_attention_init(model: PreTrainedModel, settings: TinyModelSettings) -> None:
+    """Scale `model`'s freshly initialised kv_b_proj and o_proj weights in place, so that each
+    projection's output has the size it has at the default MLA dims (`fan_in_scaled_attention_init`)."""
+    default = TinyModelSettings()
+    kv_b = (default.kv_lora_rank / settings.kv_lora_rank) ** 0.5
+    o = (
+        default.num_attention_heads
+        * default.v_head_dim
+        / (settings.num_attention_heads * settings.v_head_dim)
+    ) ** 0.5
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.kv_b_proj.weight.mul_(kv_b)
+            layer.self_attn.o_proj.weight.mul_(o)
+
+
 def build_tiny_checkpoint(
     out_dir: str | Path, settings: TinyModelSettings = TinyModelSettings(), *, bootstrap: bool = True
 ) -> Path:
@@ -200,6 +223,8 @@ def build_tiny_checkpoint(
     tokenizer = build_char_tokenizer(SYNTHETIC_CHARSET)
     torch.manual_seed(settings.seed)
     model = DeepseekV3ForCausalLM(tiny_model_config(settings, tokenizer)).eval()
+    if settings.fan_in_scaled_attention_init:
+        scale_attention_init(model, settings)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

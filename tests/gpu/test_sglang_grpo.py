@@ -36,7 +36,7 @@ def test_grpo_loop_colocated_on_one_gpu(cuda, sglang_installed, tmp_path, actor)
     if actor.startswith("megatron") and importlib.util.find_spec("megatron") is None:
         pytest.skip("needs megatron-core (carry .wmeg on the device)")
     # Resolved (built into the cache on a machine's first run) here, outside the run's timeout:
-    # GPU-tiny's 600-step warm start takes minutes of one CPU core.
+    # GPU-tiny's 800-step warm start takes minutes of one CPU core.
     model = os.environ.get("RLINF_GPU_TINY") or resolve_model_path(TINY_GPU_URI)
     steps = run_tiny_grpo(
         tmp_path,

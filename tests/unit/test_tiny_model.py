@@ -17,6 +17,7 @@ from rlinf.models import load_causal_lm, load_tokenizer, tiny
 from rlinf.models.bootstrap import encode_example, greedy_accuracy
 from rlinf.models.tiny import (
     BUILD_REPORT,
+    GPU_TINY_SETTINGS,
     SMALL_SETTINGS,
     TINY_URI,
     TinyModelSettings,
@@ -123,6 +124,44 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     first_state, second_state = first.state_dict(), second.state_dict()
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
     assert not torch.equal(first_state["lm_head.weight"], other_seed.state_dict()["lm_head.weight"])
+
+
+def _attention_output_rms(checkpoint: Path) -> list[float]:
+    """Each layer's attention output RMS on one fixed random batch."""
+    model = load_causal_lm(str(checkpoint))
+    sizes: list[float] = []
+    hooks = [
+        layer.self_attn.register_forward_hook(
+            lambda m, i, out: sizes.append(out[0].pow(2).mean().sqrt().item())
+        )
+        for layer in model.model.layers
+    ]
+    with torch.no_grad():
+        model(
+            input_ids=torch.randint(
+                5, model.config.vocab_size, (4, 40), generator=torch.Generator().manual_seed(0)
+            )
+        )
+    for hook in hooks:
+        hook.remove()
+    return sizes
+
+
+def test_wide_mla_starts_at_the_default_attention_scale(tmp_path: Path) -> None:
+    """GPU-tiny's latent (256) and value heads (64) are wider than the default's (32, 32); at the
+    plain 0.02 init its attention outputs are 3-7x the default model's, and it learns about half as
+    fast (docs/models.md). Its build scales kv_b_proj / o_proj back to the default's output size."""
+    unbuilt = {"bootstrap": False}
+    default = _attention_output_rms(
+        build_tiny_checkpoint(tmp_path / "default", TinyModelSettings(), **unbuilt)
+    )
+    gpu = _attention_output_rms(build_tiny_checkpoint(tmp_path / "gpu", GPU_TINY_SETTINGS, **unbuilt))
+    plain = dataclasses.replace(GPU_TINY_SETTINGS, fan_in_scaled_attention_init=False)
+    unscaled = _attention_output_rms(build_tiny_checkpoint(tmp_path / "plain", plain, **unbuilt))
+    for layer, (d, g, u) in enumerate(zip(default, gpu, unscaled, strict=True)):
+        assert 0.5 < g / d < 2.0, (layer, d, g)
+        assert u / d > 3.0, (layer, d, u)
+    assert GPU_TINY_SETTINGS.digest() != plain.digest()
 
 
 def test_cache_builds_once_per_settings(tmp_path: Path) -> None:
