@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.supervised_control import supervised_control
+from rlinf.data.synthetic import generate_arithmetic
+from rlinf.models import load_causal_lm, load_tokenizer
+from rlinf.models.bootstrap import encode_example, greedy_accuracy
+from rlinf.models.tiny import TINY_URI, resolve_model_path
 
 
 def test_twenty_supervised_steps_settle_the_cpu_default_warm_start() -> None:
@@ -20,10 +24,15 @@ def test_twenty_supervised_steps_settle_the_cpu_default_warm_start() -> None:
     assert result["greedy_accuracy_after"] - result["greedy_accuracy_before"] >= 0.15
 
 
-def test_no_steps_leave_the_accuracy_as_it_was() -> None:
+def test_it_measures_on_the_validation_problems_of_the_run_s_seed() -> None:
+    """The GRPO run validates on `runner.seed`'s split; so must its control."""
     result = supervised_control("tiny-moe-grpo-cpu", ["runner.seed=1"], steps=0)
-    assert result["seed"] == 1
-    assert result["greedy_accuracy_after"] == result["greedy_accuracy_before"]
+    path = resolve_model_path(TINY_URI)
+    model, tokenizer = load_causal_lm(path), load_tokenizer(path)
+    val = generate_arithmetic("val", 128, digits=1, operations=("+", "-"), steps=2, seed=1)
+    longest = max(len(encode_example(tokenizer, problem)[1]) for problem in val)
+    expected = greedy_accuracy(model, tokenizer, val, max_new_tokens=longest + 16).accuracy
+    assert result["greedy_accuracy_before"] == result["greedy_accuracy_after"] == expected
 
 
 def test_a_recipe_without_the_synthetic_task_is_refused(tmp_path) -> None:
