@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import torch
-
 from benchmarks._common import emit
 from rlinf.config import load_config
-from rlinf.data.synthetic import ArithmeticProblem, Split, generate_arithmetic
 from rlinf.models import load_causal_lm, load_tokenizer
-from rlinf.models.bootstrap import encode_example, greedy_accuracy, supervised_warm_start
-from rlinf.models.tiny import resolve_model_path
+from rlinf.models.bootstrap import greedy_accuracy, supervised_warm_start
+from rlinf.models.tiny import resolve_model_path, single_thread
+from rlinf.runners.data_setup import synthetic_problems
 
 
 def supervised_control(recipe: str, overrides: list[str], steps: int) -> dict[str, Any]:
@@ -33,37 +31,22 @@ def supervised_control(recipe: str, overrides: list[str], steps: int) -> dict[st
             f"error: {recipe} trains on data.type {cfg.data.type}; the control needs the synthetic task"
         )
 
-    def problems(split: Split, count: int) -> list[ArithmeticProblem]:
-        task = cfg.data.synthetic
-        return generate_arithmetic(
-            split,
-            count,
-            digits=task.digits,
-            operations=task.operations,
-            steps=task.steps,
-            seed=cfg.runner.seed,
-        )
-
-    train, val = problems("train", cfg.data.synthetic.num_train), problems("val", cfg.data.synthetic.num_val)
+    train, val = synthetic_problems(cfg, "train"), synthetic_problems(cfg, "val")
     path = resolve_model_path(cfg.actor.model.model_path)
     model, tokenizer = load_causal_lm(path), load_tokenizer(path)
-    longest = max(len(encode_example(tokenizer, problem)[1]) for problem in val)
-
-    def accuracy() -> float:
-        return greedy_accuracy(model, tokenizer, val, max_new_tokens=longest + 16).accuracy
-
-    torch.set_num_threads(1)
-    before = accuracy()
-    supervised_warm_start(
-        model,
-        tokenizer,
-        train,
-        steps=steps,
-        batch_size=cfg.actor.global_batch_size,
-        lr=cfg.actor.optim.lr,
-        warmup_steps=max(cfg.actor.lr_sched.lr_warmup_steps, 1),
-        seed=cfg.runner.seed,
-    )
+    with single_thread():
+        before = greedy_accuracy(model, tokenizer, val).accuracy
+        supervised_warm_start(
+            model,
+            tokenizer,
+            train,
+            steps=steps,
+            batch_size=cfg.actor.global_batch_size,
+            lr=cfg.actor.optim.lr,
+            warmup_steps=max(cfg.actor.lr_sched.lr_warmup_steps, 1),
+            seed=cfg.runner.seed,
+        )
+        after = greedy_accuracy(model, tokenizer, val).accuracy
     return {
         "benchmark": "supervised_control",
         "recipe": recipe,
@@ -74,7 +57,7 @@ def supervised_control(recipe: str, overrides: list[str], steps: int) -> dict[st
         "val_problems": len(val),
         "seed": cfg.runner.seed,
         "greedy_accuracy_before": before,
-        "greedy_accuracy_after": accuracy(),
+        "greedy_accuracy_after": after,
     }
 
 

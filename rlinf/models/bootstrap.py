@@ -93,10 +93,16 @@ def greedy_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[ArithmeticProblem],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     batch_size: int = 128,
 ) -> GreedyEval:
-    """Greedy-decode every problem (batched, left-padded) and grade the last boxed answer."""
+    """Greedy-decode every problem (batched, left-padded) and grade the last boxed answer.
+
+    `max_new_tokens` defaults to the longest worked solution of `problems` (with EOS) plus 16: room
+    for a wrong answer a little longer than the longest right one.
+    """
+    if max_new_tokens is None:
+        max_new_tokens = max(len(encode_example(tokenizer, problem)[1]) for problem in problems) + 16
     was_training = model.training
     model.eval()
     responses: list[str] = []

@@ -183,11 +183,20 @@ def random_deepseek_v3(
 
     For tests and benchmarks that need a real DeepSeek-V3 forward pass, not one that has learned anything.
     """
+    return _seeded_model(
+        settings, deepseek_v3_config(settings, vocab_size=vocab_size, **overrides), seed
+    ).float()
+
+
+def _seeded_model(settings: TinyModelSettings, config: DeepseekV3Config, seed: int) -> DeepseekV3ForCausalLM:
+    """The model of `config` initialised from `seed`, with `settings`' init rules, in eval mode."""
     from transformers import DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
-    config = deepseek_v3_config(settings, vocab_size=vocab_size, **overrides)
-    return DeepseekV3ForCausalLM(config).float().eval()
+    model = DeepseekV3ForCausalLM(config).eval()
+    if settings.fan_in_scaled_attention_init:
+        scale_attention_init(model, settings)
+    return model
 
 
 def scale_attention_init(model: PreTrainedModel, settings: TinyModelSettings) -> None:
@@ -214,17 +223,14 @@ def build_tiny_checkpoint(
     With `bootstrap`, the model is warm-started on the synthetic task and its greedy validation
     accuracy is measured into `tiny_build.json`; without, it keeps its seeded random init.
     """
-    from transformers import DeepseekV3ForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     from rlinf.data.synthetic import SYNTHETIC_CHARSET
     from rlinf.models.tiny_tokenizer import build_char_tokenizer
 
     started = time.perf_counter()
     tokenizer = build_char_tokenizer(SYNTHETIC_CHARSET)
-    torch.manual_seed(settings.seed)
-    model = DeepseekV3ForCausalLM(tiny_model_config(settings, tokenizer)).eval()
-    if settings.fan_in_scaled_attention_init:
-        scale_attention_init(model, settings)
+    model = _seeded_model(settings, tiny_model_config(settings, tokenizer), settings.seed)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -237,7 +243,7 @@ def build_tiny_checkpoint(
         "bootstrapped": bootstrap,
     }
     if bootstrap:
-        with _single_thread():
+        with single_thread():
             report |= _bootstrap(model, tokenizer, settings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,7 +259,7 @@ def _bootstrap(
 ) -> dict[str, float]:
     """Warm-start `model` in place; the figures that go into the build report."""
     from rlinf.data.synthetic import generate_arithmetic
-    from rlinf.models.bootstrap import encode_example, greedy_accuracy, supervised_warm_start
+    from rlinf.models.bootstrap import greedy_accuracy, supervised_warm_start
 
     task = {"digits": settings.digits, "operations": settings.operations, "steps": settings.steps}
     train = generate_arithmetic("train", settings.num_train_problems, seed=settings.seed, **task)
@@ -268,9 +274,7 @@ def _bootstrap(
         warmup_steps=settings.warmup_steps,
         seed=settings.seed,
     )
-    # Room for a wrong answer a little longer than the longest right one.
-    longest = max(len(encode_example(tokenizer, problem)[1]) for problem in val)
-    evaluation = greedy_accuracy(model, tokenizer, val, max_new_tokens=longest + 16)
+    evaluation = greedy_accuracy(model, tokenizer, val)
     return {
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "val_greedy_accuracy": evaluation.accuracy,
@@ -279,7 +283,7 @@ def _bootstrap(
 
 
 @contextmanager
-def _single_thread() -> Iterator[None]:
+def single_thread() -> Iterator[None]:
     """Run the warm start on one thread, whatever the process uses otherwise.
 
     The tiny model's matrices are too small for intra-op threads to pay: on a quiet 2-core

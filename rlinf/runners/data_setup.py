@@ -6,11 +6,15 @@ DatasetError naming the recipe key and the files, raised before any worker start
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from rlinf.config.schema import Config
 from rlinf.data.datasets import PromptDataset, build_prompt_dataset
 from rlinf.data.prompt_loader import prompts_per_step
 from rlinf.data.records import DatasetError, MathRecord, load_math_records
+
+if TYPE_CHECKING:
+    from rlinf.data.synthetic import ArithmeticProblem, Split
 
 logger = logging.getLogger(__name__)
 
@@ -24,21 +28,27 @@ def _where(cfg: Config, split: str) -> str:
     return f"data.{key} ({', '.join(paths)})"
 
 
+def synthetic_problems(cfg: Config, split: Split) -> list[ArithmeticProblem]:
+    """The run's synthetic problems of `split` (data.synthetic, drawn with runner.seed); a ValueError
+    for a task too small for the counts or an unknown operator."""
+    from rlinf.data.synthetic import generate_arithmetic
+
+    s = cfg.data.synthetic
+    return generate_arithmetic(
+        split,
+        s.num_train if split == "train" else s.num_val,
+        digits=s.digits,
+        operations=s.operations,
+        steps=s.steps,
+        seed=cfg.runner.seed,
+    )
+
+
 def _records(cfg: Config, split: str) -> tuple[list[MathRecord], int]:
     d = cfg.data
     if d.type == "synthetic":
-        from rlinf.data.synthetic import generate_arithmetic
-
-        s = d.synthetic
         try:
-            problems = generate_arithmetic(
-                "train" if split == "train" else "val",
-                s.num_train if split == "train" else s.num_val,
-                digits=s.digits,
-                operations=s.operations,
-                steps=s.steps,
-                seed=cfg.runner.seed,
-            )
+            problems = synthetic_problems(cfg, "train" if split == "train" else "val")
         except ValueError as err:  # a task too small for the requested counts, unknown operators
             raise DatasetError(f"{_where(cfg, split)}: {err}") from None
         return [p.record for p in problems], 0
