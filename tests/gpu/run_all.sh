@@ -4,18 +4,19 @@
 # `all` for all of them in one go:
 #
 #   bash tests/gpu/run_all.sh engine   SGLang engine: signatures, hooks, GPU-tiny logprobs / weight
-#                                      pushes / memory, slice logprobs      (not yet timed; <= 560 s)
+#                                      pushes / memory, slice logprobs      (241 s on an H200)
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, then optim (precision-aware optimizer,
-#                                      save / load)                          (467 s on an H200)
-#   bash tests/gpu/run_all.sh pack     packed sequences, then the GRPO loop colocated with SGLang
-#                                                                            (not yet timed)
+#                                      save / load)                          (430 s on an H200)
+#   bash tests/gpu/run_all.sh pack     packed sequences                      (207 s on an H200)
+#   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
+#                                      offloaded between phases              (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
 #                                      step                                  (not yet timed; <= 580 s)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `engine` needs .whl in the
 # checkout, `te` installs .wte (Transformer Engine) alone, the others need .whl2 (or .wray + .wmeg),
-# each part a call of its own, back to back on one warm machine: engine, te, actor, pack, step.
+# each part a call of its own, back to back on one warm machine: te, engine, actor, pack, loop, step.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
 # passed, failed, skipped, errors, seconds and the figures the suite recorded) and writes the whole
@@ -55,16 +56,15 @@ case "$part" in
   actor|all)
     suite megatron-actor "$megatron_figures" megatron actor
     suite optim "$megatron_figures" megatron optim ;;&
-  pack|all)
-    suite pack "$megatron_figures" megatron pack
-    suite loop "$sglang_figures" sglang loop ;;&
+  pack|all) suite pack "$megatron_figures" megatron pack ;;&
+  loop|all) suite loop "$sglang_figures" sglang loop ;;&
   step|all)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
     rm -rf /tmp/sglang-checks/step-step /tmp/sglang-checks/step-replay
     suite step /tmp/sglang-checks/step-step/rows.jsonl env STEP_TAG=step STEP_TIMEOUT=300 \
       OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --steps 3
     suite routing-replay-step /tmp/sglang-checks/step-replay/rows.jsonl env STEP_TAG=replay STEP_TIMEOUT=280 \
       OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --routing-replay replay ;;&
-  engine|actor|pack|step|all|summary) ;;
-  *) echo "usage: $0 engine|te|actor|pack|step|all|summary" >&2; exit 2 ;;
+  engine|actor|pack|loop|step|all|summary) ;;
+  *) echo "usage: $0 engine|te|actor|pack|loop|step|all|summary" >&2; exit 2 ;;
 esac
 python3 $here/run_all_summary.py show "$SUMMARY" "$OUT/run_all_summary.json"
