@@ -12,6 +12,10 @@
 #                                                     rollout + torch or Megatron actor), 4 steps
 #   bash tests/gpu/sglang_gpu_checks.sh step [args]   benchmarks/grpo_step_runner.py: a whole colocated
 #                                                     step on the slice, split by phase
+#   bash tests/gpu/sglang_gpu_checks.sh warm-start     the recipe's tiny://bootstrap-gpu warm start, built into
+#                                                     this machine's cache as a user's first run builds it,
+#                                                     in a call of its own (minutes of one CPU core), so
+#                                                     that each `curve` call trains for its whole budget
 #   CURVE_TAG=name bash tests/gpu/sglang_gpu_checks.sh curve [overrides]
 #                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
 #                                                     the runner (Megatron actor + SGLang rollout on one GPU);
@@ -169,11 +173,17 @@ case "${1:-}" in
     cp -f "$work/rows.jsonl" "$OUT/step${STEP_TAG:+-$STEP_TAG}/" 2>/dev/null
     save_ray_logs
     ;;
+  warm-start)
+    use_project_stack
+    timeout 580 python3 -c "from rlinf.models.tiny import TINY_GPU_URI, resolve_model_path as r; print(r(TINY_GPU_URI))"
+    status=$?
+    ;;
   curve)
     # The run's metrics.jsonl, resolved config, spec record, curves PNG and log come back under
     # $OUT/curve-$CURVE_TAG; CURVE_TIMEOUT (default 560) bounds the run (the metrics of the steps
     # done by then still come back). No carried checkpoint: the recipe's tiny://bootstrap-gpu warm
-    # start is built into the cache by the first run on a machine, as a user's run builds it.
+    # start is built into the cache by the first run on a machine (or `warm-start` before it), as a
+    # user's run builds it.
     use_project_stack
     tag=${CURVE_TAG:-megatron}
     work=/tmp/curve-$tag
@@ -186,7 +196,7 @@ case "${1:-}" in
     save_ray_logs
     ;;
   *)
-    echo "usage: $0 engine|engine+bench|depth27|loop|step|curve" >&2
+    echo "usage: $0 engine|engine+bench|depth27|loop|step|warm-start|curve" >&2
     exit 2
     ;;
 esac
