@@ -5,9 +5,14 @@
 #
 #   bash tests/gpu/run_all.sh engine   SGLang engine: signatures, hooks, GPU-tiny logprobs / weight
 #                                      pushes / memory, slice logprobs      (241 s on an H200)
-#   bash tests/gpu/run_all.sh actor    Megatron actor checks, then optim (precision-aware optimizer,
-#                                      save / load, once)                    (<= 430 s on an H200)
-#   bash tests/gpu/run_all.sh pack     packed sequences                      (207 s on an H200)
+#   bash tests/gpu/run_all.sh actor    Megatron actor checks, optim (precision-aware optimizer, save /
+#                                      load, once), GRPO steps through the runner with the Megatron
+#                                      actor and the torch rollout          (not yet timed; <= 580 s)
+#   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
+#                                      experts                               (not yet timed; <= 300 s)
+#   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
+#                                      the runner's memory order, the HF export of a trained slice
+#                                      served                                (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
 #                                      offloaded between phases              (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
@@ -16,7 +21,8 @@
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `engine` needs .whl in the
 # checkout, `te` installs .wte (Transformer Engine) alone, the others need .whl2 (or .wray + .wmeg),
-# each part a call of its own, back to back on one warm machine: te, engine, actor, pack, loop, step.
+# each part a call of its own, back to back on one warm machine: te, engine, actor, pack, sync, loop,
+# step.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
 # passed, failed, skipped, errors, seconds and the figures the suite recorded) and writes the whole
@@ -56,8 +62,12 @@ case "$part" in
   actor|all)
     # save / load runs once, in optim
     suite megatron-actor "$megatron_figures" megatron actor -k "not save_load and not fresh_actor"
-    suite optim "$megatron_figures" megatron optim ;;&
-  pack|all) suite pack "$megatron_figures" megatron pack ;;&
+    suite optim "$megatron_figures" megatron optim
+    suite megatron-grpo "$megatron_figures" megatron grpo ;;&
+  pack|all)
+    suite pack "$megatron_figures" megatron pack
+    suite grouped-experts "$megatron_figures" megatron experts ;;&
+  sync|all) suite sync "$sglang_figures" sglang sync ;;&
   loop|all) suite loop "$sglang_figures" sglang loop ;;&
   step|all)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
     rm -rf /tmp/sglang-checks/step-step /tmp/sglang-checks/step-replay
@@ -65,7 +75,7 @@ case "$part" in
       OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --steps 3
     suite routing-replay-step /tmp/sglang-checks/step-replay/rows.jsonl env STEP_TAG=replay STEP_TIMEOUT=280 \
       OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --routing-replay replay ;;&
-  engine|actor|pack|loop|step|all|summary) ;;
-  *) echo "usage: $0 engine|te|actor|pack|loop|step|all|summary" >&2; exit 2 ;;
+  engine|actor|pack|sync|loop|step|all|summary) ;;
+  *) echo "usage: $0 engine|te|actor|pack|sync|loop|step|all|summary" >&2; exit 2 ;;
 esac
 python3 $here/run_all_summary.py show "$SUMMARY" "$OUT/run_all_summary.json"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|rank-emulation|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|host|bf16-ops|rank-emulation|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -23,6 +23,8 @@
 #   grouped  actor.model.moe_grouped_gemm (rlinf's grouped-GEMM experts, not in `all`): the slice
 #          benchmark, HF vs Megatron with grouped-GEMM experts (profiled), then
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
+#   experts  (not in `all`) tests/gpu/test_megatron_grouped_experts.py alone (rlinf's grouped-GEMM experts
+#          in the spec this machine runs)
 #   te-experts  (not in `all`; with TE) actor.model.moe_grouped_gemm_impl: torch, rlinf's grouped_mm
 #          experts in the TE spec: tests/gpu/test_megatron_grouped_experts.py under TE, then one slice
 #          benchmark with HF, Megatron-TE with TEGroupedMLP and Megatron-TE with rlinf's experts
@@ -78,6 +80,7 @@ case "$mode" in
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     bench --backends megatron ;;
+  experts) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
   te-experts)
     run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     BENCH_TIMEOUT=${BENCH_TIMEOUT:-450} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
@@ -103,7 +106,7 @@ case "$mode" in
       --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
       --profile /tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|te-experts|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }

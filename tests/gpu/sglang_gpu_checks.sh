@@ -10,6 +10,9 @@
 #   bash tests/gpu/sglang_gpu_checks.sh loop [pytest args, e.g. -k megatron]
 #                                                     the GRPO loop colocated on one GPU (Ray + SGLang
 #                                                     rollout + torch or Megatron actor), 4 steps
+#   bash tests/gpu/sglang_gpu_checks.sh sync          a Megatron actor and an SGLang engine on one GPU without
+#                                                     Ray: CUDA IPC weight sync in the runner's memory order,
+#                                                     then a trained slice exported by rlinf.export_hf and served
 #   bash tests/gpu/sglang_gpu_checks.sh step [args]   benchmarks/grpo_step_runner.py: a whole colocated
 #                                                     step on the slice, split by phase
 #   bash tests/gpu/sglang_gpu_checks.sh warm-start     the recipe's tiny://bootstrap-gpu warm start, built into
@@ -156,6 +159,14 @@ case "${1:-}" in
     status=${PIPESTATUS[0]}
     save_ray_logs
     ;;
+  sync)
+    use_project_stack
+    use_pytest || exit 1
+    use_tiny_checkpoint .h11-tiny
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_megatron_sync.py \
+      tests/gpu/test_hf_export_gpu.py 2>&1 | tee "$OUT/pytest_sync.log" | tail -n 60
+    status=${PIPESTATUS[0]}
+    ;;
   step)
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
     # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
@@ -196,7 +207,7 @@ case "${1:-}" in
     save_ray_logs
     ;;
   *)
-    echo "usage: $0 engine|engine+bench|depth27|loop|step|warm-start|curve" >&2
+    echo "usage: $0 engine|engine+bench|depth27|loop|sync|step|warm-start|curve" >&2
     exit 2
     ;;
 esac

@@ -13,7 +13,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-from gpu_checks import GREEDY_REGRET_BF16, engine_greedy, greedy_regret, hf_greedy, recompute_logprobs, record
+from gpu_checks import (
+    GREEDY_REGRET_BF16,
+    bf16_regret_bar,
+    engine_greedy,
+    greedy_regret,
+    hf_greedy,
+    recompute_logprobs,
+    record,
+)
 
 from rlinf.config.schema import Config
 from rlinf.workers.rollout.sampling import SamplingParams
@@ -125,8 +133,7 @@ def test_weight_updates_serve_the_actor_weights_and_memory_is_handed_over(tiny):
     # HF's own bf16 greedy path (an independent bf16 implementation), plus the engine's kernel noise
     fp32 = tiny["load"]("fp32")
     hf_bf16 = _hf_greedy(original, tiny, max_new)
-    hf_bf16_regret = greedy_regret(fp32, tiny["prompts"], hf_bf16)
-    bar = hf_bf16_regret + GREEDY_REGRET_BF16
+    bar, hf_bf16_regret = bf16_regret_bar(fp32, tiny["prompts"], hf_bf16)
     regret_before = greedy_regret(fp32, tiny["prompts"], before)
     model = tiny["load"]("bf16")
     with torch.no_grad():  # every weight moved
