@@ -6,9 +6,11 @@ and our own sampling rules.
 Logprob convention (docs/rollout.md, the same for every rollout backend and for the actor): the
 reported logprob of a token is its log-probability under the temperature-scaled FULL distribution,
 log_softmax(logits / temperature) in fp32, taken before top-k / top-p truncation and before
-min_new_tokens masks EOS (greedy decoding reports temperature 1). SGLang reports the same quantity.
-It is exactly what `rlinf.models.logprobs.response_logprobs` recomputes for the same tokens, so
-rollout and actor logprobs differ only by kernel numerics. It is NOT the probability the token was
+min_new_tokens masks EOS (greedy decoding reports temperature 1). SGLang reports the same quantity,
+except on the steps min_new_tokens masks, where it reports the renormalised EOS-free distribution
+(higher by -log(1 - p_eos); docs/sglang.md, "Logprob semantics"). It is exactly what
+`rlinf.models.logprobs.response_logprobs` recomputes for the same tokens, so rollout and actor
+logprobs differ only by kernel numerics. It is NOT the probability the token was
 drawn with when truncation is on: a top-k / top-p sample was drawn with p(x) / Z (Z = the kept mass),
 and no ratio in the loss sees that factor. The config validator warns when a recipe turns it on.
 """
