@@ -71,7 +71,7 @@ case "${1:-}" in
     use_pytest || exit 1
     budget=560
     [ "$1" = engine+bench ] && budget=300
-    timeout $budget python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
+    timeout $budget python3 -m pytest -q -s -p no:cacheprovider --durations=8 tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     status=${PIPESTATUS[0]}
     if [ "$1" = engine+bench ]; then
@@ -154,7 +154,7 @@ case "${1:-}" in
     if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
       export TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-cache.XXXX)
     fi
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider \
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     status=${PIPESTATUS[0]}
     save_ray_logs
@@ -163,7 +163,7 @@ case "${1:-}" in
     use_project_stack
     use_pytest || exit 1
     use_tiny_checkpoint .h11-tiny
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_sglang_megatron_sync.py \
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 tests/gpu/test_sglang_megatron_sync.py \
       tests/gpu/test_hf_export_gpu.py 2>&1 | tee "$OUT/pytest_sync.log" | tail -n 60
     status=${PIPESTATUS[0]}
     ;;
