@@ -12,6 +12,10 @@ memory transitions (grouped as offload_onload), with memory/<transition>_gib aft
     python -m benchmarks.grpo_step_runner --routing-replay none,measure,replay
         # one run per algorithm.routing_replay.mode instead of "main" (docs/routing_replay.md):
         # routing agreement without replay, logprob mismatch off and on, the feature's time and bytes
+    python -m benchmarks.grpo_step_runner --staleness 0,1 --steps 4
+        # one run per runner.max_staleness bound instead of "main", both roles resident
+        # (actor.offload_between_phases=false) and the off-policy loss on in each, so the bound is
+        # the only difference: step throughput, its ratio to the first bound's, the staleness metrics
     python -m benchmarks.grpo_step_runner --smoke  # CPU: the tiny recipe, torch backends, 2 steps
     python -m benchmarks.grpo_step_runner --plot-rows a/rows.jsonl b/rows.jsonl --plot scaling.png
         # one plot from the rows of several runs
@@ -77,6 +81,57 @@ def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
             max(float(r.get("rollout/logprob_abs_diff_max", 0.0)) for r in timed), 5
         ),
         **routing_summary(timed, mean),
+        **staleness_summary(timed, mean),
+    }
+
+
+def staleness_summary(timed: list[dict[str, Any]], mean) -> dict[str, Any]:
+    """With runner.max_staleness >= 1: the trained rows' mean and largest lag (policy versions),
+    stale rows regenerated or dropped, and the share of tokens whose importance weight was capped."""
+    if not any("staleness/mean" in r for r in timed):
+        return {}
+    return {
+        "staleness_mean": round(mean("staleness/mean"), 3),
+        "staleness_max": max(float(r.get("staleness/max", 0.0)) for r in timed),
+        "stale_rows_regenerated": sum(float(r.get("staleness/regenerated_samples", 0.0)) for r in timed),
+        "stale_rows_dropped": sum(float(r.get("staleness/dropped_samples", 0.0)) for r in timed),
+        "tis_clip_fraction": round(mean("actor/tis_clip_fraction"), 5),
+    }
+
+
+# What every run of --staleness sets, so that the bound is the one difference between them
+STALENESS_COMMON = (
+    "actor.offload_between_phases=false",
+    "algorithm.recompute_logprobs=true",
+    "algorithm.rollout_is.mode=token_tis",
+)
+
+
+def staleness_runs(bounds: str, prompts: int, new_tokens: int) -> list[tuple]:
+    """The plan entries of `--staleness 0,1`: one run per bound, each with STALENESS_COMMON."""
+    return [
+        (
+            f"staleness_{k}",
+            prompts,
+            new_tokens,
+            f"staleness-{k}",
+            (*STALENESS_COMMON, f"runner.max_staleness={k}"),
+            None,
+        )
+        for k in (int(b) for b in bounds.split(",") if b)
+    ]
+
+
+def staleness_speedup(result: dict[str, Any]) -> dict[str, Any]:
+    """Each bound's response tokens/s over the first bound's (the reference run of the same call)."""
+    runs = {k: v for k, v in result.items() if k.startswith("staleness_")}
+    if len(runs) < 2:
+        return {}
+    first = next(iter(runs.values()))["response_tokens_per_s_per_gpu"]
+    return {
+        "staleness_speedup": {
+            k: round(v["response_tokens_per_s_per_gpu"] / first, 3) for k, v in runs.items()
+        }
     }
 
 
@@ -327,6 +382,10 @@ def main() -> None:
         "--routing-replay", default="", metavar="MODES",
         help="comma list of algorithm.routing_replay.mode values (none,measure,replay): one run each, instead of main",
     )  # fmt: skip
+    parser.add_argument(
+        "--staleness", default="", metavar="BOUNDS",
+        help="comma list of runner.max_staleness values: one run each, both roles resident, instead of main",
+    )  # fmt: skip
     parser.add_argument("--plot-rows", nargs="+", type=Path, default=None, metavar="ROWS_JSONL")
     parser.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE",
@@ -372,7 +431,9 @@ def main() -> None:
             None,
         )
         for m in modes
-    ] or [("main", args.prompts, args.new_tokens, "main", (), None)]
+    ]
+    plan += staleness_runs(args.staleness, args.prompts, args.new_tokens)
+    plan = plan or [("main", args.prompts, args.new_tokens, "main", (), None)]
     plan += [
         ("sweep", args.prompts, int(n), f"new{n}", (), "new_tokens")
         for n in args.sweep_new_tokens.split(",")
@@ -391,6 +452,7 @@ def main() -> None:
             result["sweep"].append(row | {"varied": varied})
         else:
             result[key] = row
+    result |= staleness_speedup(result)
     if args.plot and result["sweep"] and "main" in result:
         shared = [result["main"] | {"varied": key} for key in ("new_tokens", "responses")]
         plot(result["sweep"] + shared, Path(args.plot))

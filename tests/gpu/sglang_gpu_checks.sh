@@ -169,7 +169,8 @@ case "${1:-}" in
     ;;
   step)
     # A whole colocated GRPO step on the slice through the runner (SGLang + Megatron by default);
-    # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...
+    # extra args go to the benchmark, e.g. --actor torch, --sweep-new-tokens 256,1024 --plot ...,
+    # --staleness 0,1 (runner.max_staleness, both roles resident)
     # The work dir stays off $OUT (checkpoints, if any, are tens of GB); rows.jsonl, each run's log
     # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
     use_project_stack

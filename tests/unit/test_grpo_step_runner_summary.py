@@ -3,7 +3,7 @@ dropped, phases are means of the later steps, transitions are grouped, shares su
 
 import pytest
 
-from benchmarks.grpo_step_runner import summarize
+from benchmarks.grpo_step_runner import staleness_runs, staleness_speedup, summarize
 
 
 def row(step, step_s, rollout, train, release, kv, tokens, memory):
@@ -45,3 +45,44 @@ def test_summary_drops_the_warm_up_step_and_groups_the_transitions():
 def test_summary_needs_a_step_after_the_warm_up():
     with pytest.raises(ValueError, match="at least 2 train steps"):
         summarize([row(1, 1.0, 1.0, 1.0, 0.0, 0.0, 10, 1.0)])
+
+
+def test_staleness_fields_and_the_speedup_over_the_first_bound():
+    lagged = {"staleness/mean": 1.0, "staleness/max": 1.0, "actor/tis_clip_fraction": 0.02}
+    rows = [row(s, t, 4.0, 2.0, 0.0, 0.0, 2048, 40.0) for s, t in ((1, 50.0), (2, 8.0), (3, 8.0))]
+    sync = summarize(rows)
+    assert "staleness_mean" not in sync  # the synchronous loop logs no staleness metrics
+    ahead = summarize(
+        [r | lagged for r in rows[:2]] + [rows[2] | lagged | {"staleness/regenerated_samples": 3.0}]
+    )
+    assert ahead["staleness_mean"] == 1.0 and ahead["staleness_max"] == 1.0
+    assert ahead["stale_rows_regenerated"] == 3.0 and ahead["tis_clip_fraction"] == 0.02
+    result = {
+        "staleness_0": {"response_tokens_per_s_per_gpu": 100.0},
+        "staleness_1": {"response_tokens_per_s_per_gpu": 140.0},
+    }
+    assert staleness_speedup(result) == {"staleness_speedup": {"staleness_0": 1.0, "staleness_1": 1.4}}
+    assert staleness_speedup({"main": {}}) == {}
+
+
+def test_each_staleness_run_is_a_valid_recipe_that_differs_only_in_the_bound(tmp_path):
+    """The runs --staleness 0,1 starts are the one-GPU Moonlight recipe the benchmark runs, and the
+    config checks accept each (a bound >= 1 on one GPU needs both roles resident and the off-policy
+    loss)."""
+    from types import SimpleNamespace
+
+    from benchmarks.grpo_step_runner import overrides
+    from rlinf.config import load_config
+
+    args = SimpleNamespace(
+        steps=4, save_at_end=False, group_size=8, minibatches=4, prompt_len=256, micro_batch=8, smoke=False,
+        actor="megatron", rollout="sglang", rollout_memory=0.5, reward_workers=2, override=[],
+    )  # fmt: skip
+    runs = staleness_runs("0,1", 32, 512)
+    assert [r[0] for r in runs] == ["staleness_0", "staleness_1"]
+    base = overrides(args, tmp_path / "ckpt", tmp_path / "prompts.jsonl", tmp_path / "out", 32, 512)
+    configs = [load_config("moonlight-16b-grpo-megatron", [*base, *extra]) for *_, extra, _ in runs]
+    assert [c.runner.max_staleness for c in configs] == [0, 1]
+    assert all(c.actor.offload_between_phases is False for c in configs)
+    assert all(c.algorithm.rollout_is.mode == "token_tis" and c.algorithm.recompute_logprobs for c in configs)
+    assert {c.actor.global_batch_size for c in configs} == {64}
