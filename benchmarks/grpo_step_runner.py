@@ -107,19 +107,18 @@ STALENESS_COMMON = (
 )
 
 
+def one_run_each(name: str, values: list, extra, prompts: int, new_tokens: int) -> list[tuple]:
+    """Plan entries, one run per value: result key `<name>_<value>`, tag `<name>-<value>`, the
+    overrides `extra(value)`."""
+    return [(f"{name}_{v}", prompts, new_tokens, f"{name}-{v}", extra(v), None) for v in values]
+
+
 def staleness_runs(bounds: str, prompts: int, new_tokens: int) -> list[tuple]:
     """The plan entries of `--staleness 0,1`: one run per bound, each with STALENESS_COMMON."""
-    return [
-        (
-            f"staleness_{k}",
-            prompts,
-            new_tokens,
-            f"staleness-{k}",
-            (*STALENESS_COMMON, f"runner.max_staleness={k}"),
-            None,
-        )
-        for k in (int(b) for b in bounds.split(",") if b)
-    ]
+    values = [int(b) for b in bounds.split(",") if b]
+    return one_run_each(
+        "staleness", values, lambda k: (*STALENESS_COMMON, f"runner.max_staleness={k}"), prompts, new_tokens
+    )
 
 
 def staleness_speedup(result: dict[str, Any]) -> dict[str, Any]:
@@ -421,17 +420,9 @@ def main() -> None:
     }
     modes = [m for m in args.routing_replay.split(",") if m]
     # (result key, prompts, new tokens, tag, overrides, varied): the runs, in order
-    plan = [
-        (
-            f"routing_{m}",
-            args.prompts,
-            args.new_tokens,
-            f"routing-{m}",
-            (f"algorithm.routing_replay.mode={m}",),
-            None,
-        )
-        for m in modes
-    ]
+    plan = one_run_each(
+        "routing", modes, lambda m: (f"algorithm.routing_replay.mode={m}",), args.prompts, args.new_tokens
+    )
     plan += staleness_runs(args.staleness, args.prompts, args.new_tokens)
     plan = plan or [("main", args.prompts, args.new_tokens, "main", (), None)]
     plan += [

@@ -60,6 +60,9 @@ status=0
 failed=/tmp/megatron-checks-failed.$$
 run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
+grouped_experts_tests() {  # SECONDS: tests/gpu/test_megatron_grouped_experts.py within that time
+  run timeout "$1" "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+}
 bench() {  # extra benchmarks/actor_throughput.py arguments
   [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
   run timeout "${BENCH_TIMEOUT:-300}" python3 -m benchmarks.actor_throughput --model "$slice" --rows 16 --micro-batch 8 --prompt 256 \
@@ -78,11 +81,11 @@ case "$mode" in
     # HF (torch actor) and Megatron with grouped experts in one run, then the checks, then
     # SequentialMLP experts for the before/after
     bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
-    run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    grouped_experts_tests 200
     bench --backends megatron ;;
-  experts) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
+  experts) grouped_experts_tests 300 ;;
   te-experts)
-    run timeout 200 "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    grouped_experts_tests 200
     BENCH_TIMEOUT=${BENCH_TIMEOUT:-450} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
       --profile /tmp/actor-profile-te-experts "${@:2}" ;;
   host)
