@@ -27,7 +27,13 @@
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
 # passed, failed, skipped, errors, seconds and the figures the suite recorded) and writes the whole
 # summary so far to $OUT/run_all_summary.json. Exit status: non-zero when any suite so far failed,
-# skipped a test or ended early.
+# skipped a test or ended early. Each record carries the fingerprint of the code the GPU runs
+# (`python3 tests/gpu/run_all_summary.py code`: rlinf/, benchmarks/, examples/, tests/gpu/), so parts
+# run on several machines add up to one run of one commit:
+#
+#   python3 tests/gpu/run_all_summary.py merge OUT.json PART_SUMMARY.json...
+#
+# is green only when every suite is there, green, and ran this checkout's code.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/gpu-run-all} PYTHONUNBUFFERED=1

@@ -2,22 +2,78 @@
 
     python3 tests/gpu/run_all_summary.py add SUMMARY SUITE RC SECONDS LOG FIGURES FIRST_FIGURE_LINE
     python3 tests/gpu/run_all_summary.py show SUMMARY OUT_JSON
+    python3 tests/gpu/run_all_summary.py merge OUT_JSON PART_JSON...
+    python3 tests/gpu/run_all_summary.py code
 
 `add` reads pytest's closing lines ("3 passed, 1 failed, 2 skipped in ...") from the suite's log
-(a suite without pytest, a benchmark, counts its exit status as one check) and keeps the figure
-records the suite wrote (the lines of FIGURES from FIRST_FIGURE_LINE on). `show` writes the whole
-summary as one JSON file and exits 1 when any suite failed, skipped or did not run to its end.
+(a suite without pytest, a benchmark, counts its exit status as one check), keeps the figure
+records the suite wrote (the lines of FIGURES from FIRST_FIGURE_LINE on) and stamps the record with
+the fingerprint of the code the GPU runs (`code`). `show` writes the whole summary as one JSON file
+and exits 1 when any suite failed, skipped, did not run to its end, or ran other code than the rest.
+
+`merge` joins the summaries of parts run on several machines (one per device session, say) into
+one: the last record of each suite wins, and it is green only when every suite of run_all.sh is
+there, green, and ran the code of this checkout, so the parts add up to one commit's run even when
+no single machine ran them all. `code` prints this checkout's fingerprint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed|skipped|errors?|deselected).*) in [\d.]+s")
+ROOT = Path(__file__).resolve().parents[2]
+# What the GPU runs: a change elsewhere (docs, the CPU tests) leaves earlier GPU results standing.
+CODE = ("rlinf", "benchmarks", "examples", "tests/gpu", "tests/fixtures", "pyproject.toml")
+CODE_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".json", ".toml", ".txt", ".cfg"}
+# Every suite tests/gpu/run_all.sh runs, in its order
+SUITES = (
+    "engine",
+    "megatron-actor",
+    "optim",
+    "megatron-grpo",
+    "pack",
+    "grouped-experts",
+    "sync",
+    "loop",
+    "step",
+    "routing-replay-step",
+)
+
+
+def code_files(root: Path) -> list[Path]:
+    """The files of CODE as a GPU machine's copy of the working tree has them: in a git checkout the
+    tracked and untracked-but-not-ignored ones, elsewhere (that copy) all of them."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "--", *CODE],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout.split("\n")  # fmt: skip
+        files = [root / name for name in listed if name]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for entry in CODE:
+            path = root / entry
+            files += [path] if path.is_file() else list(path.rglob("*"))
+    return sorted(
+        f for f in files if f.is_file() and f.suffix in CODE_SUFFIXES and "__pycache__" not in f.parts
+    )
+
+
+def code_fingerprint(root: Path = ROOT) -> str:
+    """sha256 (first 16 hex digits) over the paths and bytes of the code the GPU runs under `root`:
+    equal on a git checkout and on the copy of its working tree a GPU machine gets."""
+    digest = hashlib.sha256()
+    for path in code_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def pytest_counts(log: str) -> dict[str, int] | None:
@@ -40,7 +96,47 @@ def suite_record(suite: str, rc: int, seconds: float, log: str, figures: list[di
         counts = {"passed": int(rc == 0), "failed": int(rc != 0), "skipped": 0, "errors": 0}
     elif rc != 0 and counts["failed"] + counts["errors"] == 0:
         counts["errors"] += 1  # pytest (or its timeout) ended badly without a failed test
-    return {"suite": suite, "rc": rc, "seconds": round(seconds, 1), **counts, "figures": figures}
+    return {
+        "suite": suite,
+        "rc": rc,
+        "seconds": round(seconds, 1),
+        **counts,
+        "code": code_fingerprint(),
+        "figures": figures,
+    }
+
+
+def not_green(suites: list[dict]) -> list[str]:
+    return [s["suite"] for s in suites if s["failed"] or s["errors"] or s["skipped"] or s["rc"]]
+
+
+def totals(suites: list[dict]) -> dict:
+    return {
+        k: round(sum(s[k] for s in suites), 1) for k in ("passed", "failed", "skipped", "errors", "seconds")
+    }
+
+
+def merged(parts: list[dict], code: str) -> dict:
+    """One summary from several machines' summaries (later parts win per suite), judged against the
+    code fingerprint `code` and run_all.sh's whole list of suites."""
+    latest: dict[str, dict] = {}
+    for part in parts:
+        for record in part["suites"]:
+            latest[record["suite"]] = record
+    suites = [latest[name] for name in SUITES if name in latest]
+    suites += [r for name, r in latest.items() if name not in SUITES]
+    return {
+        "code": code,
+        "suites": suites,
+        "totals": totals(suites),
+        "not_green": not_green(suites),
+        "missing": [name for name in SUITES if name not in latest],
+        "other_code": [s["suite"] for s in suites if s.get("code") != code],
+    }
+
+
+def green(summary: dict) -> bool:
+    return not (summary["not_green"] or summary.get("missing") or summary.get("other_code"))
 
 
 def read_figures(path: Path, first_line: int) -> list[dict]:
@@ -56,7 +152,11 @@ def read_figures(path: Path, first_line: int) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    action, summary = argv[0], Path(argv[1])
+    action = argv[0]
+    if action == "code":
+        print(code_fingerprint())
+        return 0
+    summary = Path(argv[1])
     if action == "add":
         suite, rc, seconds, log, figures, first = argv[2:8]
         text = Path(log).read_text(errors="replace") if Path(log).is_file() else ""
@@ -66,11 +166,32 @@ def main(argv: list[str]) -> int:
         short = {k: v for k, v in record.items() if k != "figures"}
         print(f"run_all: {json.dumps(short)}", flush=True)
         return 0
+    if action == "merge":
+        out = merged([json.loads(Path(p).read_text()) for p in argv[2:]], code_fingerprint())
+        summary.write_text(json.dumps(out, indent=1) + "\n")
+        print(
+            f"run_all: totals {json.dumps(out['totals'])}; not green: {out['not_green'] or 'none'}; "
+            f"missing: {out['missing'] or 'none'}; other code than this checkout's {out['code']}: "
+            f"{out['other_code'] or 'none'}",
+            flush=True,
+        )
+        return 0 if green(out) else 1
     suites = [json.loads(line) for line in summary.read_text().splitlines()] if summary.is_file() else []
-    bad = [s["suite"] for s in suites if s["failed"] or s["errors"] or s["skipped"] or s["rc"]]
-    totals = {k: sum(s[k] for s in suites) for k in ("passed", "failed", "skipped", "errors", "seconds")}
-    Path(argv[2]).write_text(json.dumps({"suites": suites, "totals": totals, "not_green": bad}, indent=1))
-    print(f"run_all: totals {json.dumps(totals)}; not green: {bad or 'none'}", flush=True)
+    codes = sorted({s.get("code") for s in suites})
+    bad = not_green(suites)
+    if len(codes) > 1:  # parts of one machine's summary ran different code: not one commit's run
+        bad = [s["suite"] for s in suites]
+    out = {
+        "code": codes[0] if len(codes) == 1 else codes,
+        "suites": suites,
+        "totals": totals(suites),
+        "not_green": bad,
+    }
+    Path(argv[2]).write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"run_all: code {out['code']}; totals {json.dumps(out['totals'])}; not green: {bad or 'none'}",
+        flush=True,
+    )
     return 1 if bad else 0
 
 

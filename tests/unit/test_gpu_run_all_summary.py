@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 SCRIPT = Path(__file__).parents[1] / "gpu" / "run_all_summary.py"
@@ -49,3 +50,68 @@ def test_show_is_green_only_without_failures_skips_or_errors(tmp_path):
     summary.main(["add", str(lines), "loop", "0", "3", str(log), str(figures), "3"])
     assert summary.main(["show", str(lines), str(out)]) == 1
     assert json.loads(out.read_text())["not_green"] == ["loop"]
+
+
+def _record(suite: str, code: str, **counts) -> dict:
+    return {"suite": suite, "rc": 0, "seconds": 1.0, "passed": 1, "failed": 0, "skipped": 0, "errors": 0,
+            "code": code, "figures": [], **counts}  # fmt: skip
+
+
+def test_the_code_fingerprint_follows_the_code_the_gpu_runs_and_ignores_the_rest(tmp_path):
+    for name, text in [("rlinf/a.py", "x = 1\n"), ("tests/gpu/run.sh", "echo\n"), ("tests/unit/test_a.py", "a = 1\n")]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    first = summary.code_fingerprint(tmp_path)
+    (tmp_path / "tests/unit/test_a.py").write_text("a = 2\n")
+    (tmp_path / "rlinf/__pycache__").mkdir()
+    (tmp_path / "rlinf/__pycache__/a.cpython-312.pyc").write_bytes(b"\0")
+    assert summary.code_fingerprint(tmp_path) == first
+    (tmp_path / "rlinf/a.py").write_text("x = 2\n")
+    assert summary.code_fingerprint(tmp_path) != first
+
+
+def test_a_checkout_and_the_copy_a_gpu_machine_gets_have_one_fingerprint(tmp_path):
+    root = SCRIPT.parents[2]
+    copy = tmp_path / "copy"
+    for path in summary.code_files(root):  # the working tree's files, without .git
+        target = copy / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    assert summary.code_fingerprint(copy) == summary.code_fingerprint(root)
+
+
+def test_run_all_lists_the_suites_the_summary_expects():
+    lines = (SCRIPT.parent / "run_all.sh").read_text().splitlines()
+    code = [line for line in lines if not line.lstrip().startswith("#")]
+    assert tuple(name for line in code for name in re.findall(r"\bsuite ([\w-]+) ", line)) == summary.SUITES
+
+
+def test_parts_from_several_machines_merge_into_one_green_run_only_on_one_code(tmp_path):
+    first = {
+        "suites": [_record(name, "c1") for name in summary.SUITES[:4]] + [_record("sync", "c1", failed=1)]
+    }
+    second = {"suites": [_record(name, "c1") for name in summary.SUITES[4:]]}
+    whole = summary.merged([first, second], "c1")
+    assert [s["suite"] for s in whole["suites"]] == list(summary.SUITES)  # the rerun sync wins, in order
+    assert summary.green(whole) and whole["totals"]["passed"] == len(summary.SUITES)
+    assert summary.merged([first], "c1")["missing"] == [n for n in summary.SUITES[4:] if n != "sync"]
+    assert summary.merged([second, first], "c1")["not_green"] == ["sync"]
+    assert not summary.green(summary.merged([first, second], "c2"))
+    second["suites"][-1]["code"] = "c2"
+    assert summary.merged([first, second], "c1")["other_code"] == [summary.SUITES[-1]]
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(
+        json.dumps({"suites": [_record(n, summary.code_fingerprint()) for n in summary.SUITES]})
+    )
+    out = tmp_path / "all.json"
+    assert summary.main(["merge", str(out), str(tmp_path / "a.json")]) == 1
+    assert summary.main(["merge", str(out), str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert json.loads(out.read_text())["code"] == summary.code_fingerprint()
+
+
+def test_one_machines_summary_of_parts_that_ran_different_code_is_not_green(tmp_path):
+    lines = tmp_path / "summary.jsonl"
+    lines.write_text(json.dumps(_record("engine", "c1")) + "\n" + json.dumps(_record("loop", "c2")) + "\n")
+    out = tmp_path / "out.json"
+    assert summary.main(["show", str(lines), str(out)]) == 1
+    assert json.loads(out.read_text())["not_green"] == ["engine", "loop"]
