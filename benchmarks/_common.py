@@ -7,7 +7,11 @@ the same process. Benchmarks run from the project root as `python -m benchmarks.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +32,24 @@ def ensure_tokenizer(model_dir: str | Path) -> None:
     from rlinf.models.tiny_tokenizer import build_char_tokenizer
 
     build_char_tokenizer(SYNTHETIC_CHARSET).save_pretrained(str(model_dir))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_recipe(
+    recipe: str, overrides: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`examples/reasoning/main_grpo.py RECIPE OVERRIDES...` as a user runs it, output into `log`, in a
+    process group of its own so that `kill_run` stops the whole run (Ray workers, engines) together."""
+    cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe, *overrides]
+    with Path(log).open("w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=env)
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def emit(result: dict[str, Any]) -> None:

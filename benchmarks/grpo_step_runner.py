@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._common import ROOT, kill_run, start_recipe
+
 PHASES = ("rollout", "reward", "logprobs", "train", "weight_sync")
 TRANSITIONS = (
     "rollout_release",
@@ -217,23 +216,20 @@ def run_once(
     if not args.smoke:
         write_prompts(data, prompts * args.steps, args.prompt_len, args.vocab, seed=len(tag))
     recipe = "tiny-moe-grpo-cpu" if args.smoke else "moonlight-16b-grpo-megatron"
-    cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe]
-    cmd += [*overrides(args, checkpoint, data, out, prompts, new_tokens), *extra]
     shutil.rmtree(out / "logs", ignore_errors=True)  # an earlier run's metrics are not this run's
     started = time.perf_counter()
     timeout = args.timeout if timeout is None else timeout
     timed_out = False
-    with (out / "run.log").open("w") as log:
-        # Its own process group: on a timeout the whole run (Ray workers, engines) is killed together.
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, process_group=0)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # The steps logged so far still make a figure (a slow final checkpoint save must not
-            # cost the measured steps).
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code, timed_out = 0, True
+    proc = start_recipe(
+        recipe, [*overrides(args, checkpoint, data, out, prompts, new_tokens), *extra], out / "run.log"
+    )
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # The steps logged so far still make a figure (a slow final checkpoint save must not cost the
+        # measured steps).
+        kill_run(proc)
+        code, timed_out = 0, True
     wall = time.perf_counter() - started
     metrics = out / "logs" / "metrics.jsonl"
     if code != 0 or not metrics.is_file():

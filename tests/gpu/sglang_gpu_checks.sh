@@ -18,11 +18,14 @@
 #   bash tests/gpu/sglang_gpu_checks.sh warm-start     the recipe's tiny://bootstrap-gpu warm start, built into
 #                                                     this machine's cache as a user's first run builds it,
 #                                                     in a call of its own (minutes of one CPU core), so
-#                                                     that each `curve` call trains for its whole budget
-#   CURVE_TAG=name bash tests/gpu/sglang_gpu_checks.sh curve [overrides]
-#                                                     a learning curve: the tiny-moe-grpo-gpu recipe through
-#                                                     the runner (Megatron actor + SGLang rollout on one GPU);
-#                                                     overrides pick another actor, steps, seed
+#                                                     that each `curves` call trains for its whole budget
+#   bash tests/gpu/sglang_gpu_checks.sh curves [SEEDS] [overrides]
+#                                                     learning curves: the tiny-moe-grpo-gpu recipe through
+#                                                     the runner (Megatron actor + SGLang rollout on one GPU),
+#                                                     one run per seed (default 1234,1,2) and variant
+#                                                     (CURVE_VARIANTS, default "megatron-te"; e.g.
+#                                                     "megatron-te torch=actor.training_backend=torch,actor.model.precision=fp32"),
+#                                                     side by side (benchmarks/learning_seeds.py)
 #   bash tests/gpu/sglang_gpu_checks.sh depth27 [sweep|sweep2|sweep3|long|compile|partial|VARIANTS_JSON]
 #                                                     rollout decode at Moonlight's full depth (27 layers,
 #                                                     /tmp/m27, built when absent, ~3 min): the rollout's
@@ -190,25 +193,31 @@ case "${1:-}" in
     timeout 580 python3 -c "from rlinf.models.tiny import TINY_GPU_URI, resolve_model_path as r; print(r(TINY_GPU_URI))"
     status=$?
     ;;
-  curve)
-    # The run's metrics.jsonl, resolved config, spec record, curves PNG and log come back under
-    # $OUT/curve-$CURVE_TAG; CURVE_TIMEOUT (default 560) bounds the run (the metrics of the steps
-    # done by then still come back). No carried checkpoint: the recipe's tiny://bootstrap-gpu warm
-    # start is built into the cache by the first run on a machine (or `warm-start` before it), as a
-    # user's run builds it.
+  curves)
+    # Each run's metrics.jsonl, resolved config and log come back under $OUT/curves/<variant>-s<seed>,
+    # with summary.json (gains per run and per variant) and learning.png; CURVE_TIMEOUT (default 570)
+    # bounds the call (runs still going then are cut off; the validations they logged come back).
+    # No carried checkpoint: the recipe's tiny://bootstrap-gpu warm start is built into the cache
+    # once (or by `warm-start` in an earlier call), as a user's first run builds it.
     use_project_stack
-    tag=${CURVE_TAG:-megatron}
-    work=/tmp/curve-$tag
-    rm -rf "$work" && mkdir -p "$OUT/curve-$tag"
-    timeout "${CURVE_TIMEOUT:-560}" python3 examples/reasoning/main_grpo.py tiny-moe-grpo-gpu \
-      "runner.output_dir=$work/results" "runner.logger.log_path=$work/logs" "${@:2}" >"$OUT/curve-$tag/run.log" 2>&1
+    work=/tmp/curves limit=${CURVE_TIMEOUT:-570}
+    rm -rf "$work" && mkdir -p "$OUT/curves"
+    variants=()
+    for v in ${CURVE_VARIANTS:-megatron-te}; do variants+=(--variant "$v"); done
+    timeout "$limit" python3 -m benchmarks.learning_seeds tiny-moe-grpo-gpu --seeds "${2:-1234,1,2}" "${variants[@]}" \
+      --out "$work" --timeout $((limit - 30)) --plot "$OUT/curves/learning.png" "${@:3}" \
+      >"$OUT/curves/summary.json" 2>"$OUT/curves/progress.log"
     status=$?
-    grep -E "^(step|val|spec)|Error|error:" "$OUT/curve-$tag/run.log" | tail -n 30
-    cp -f "$work"/logs/*.jsonl "$work"/logs/*.yaml "$work"/logs/*.json "$work"/logs/*.png "$OUT/curve-$tag/" 2>/dev/null
+    tail -n 40 "$OUT/curves/progress.log"
+    python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['variants'], indent=1))" "$OUT/curves/summary.json"
+    for d in "$work"/*/; do
+      mkdir -p "$OUT/curves/$(basename "$d")"
+      cp -f "$d"/run.log "$d"/logs/*.jsonl "$d"/logs/*.yaml "$d"/logs/*.json "$OUT/curves/$(basename "$d")/" 2>/dev/null
+    done
     save_ray_logs
     ;;
   *)
-    echo "usage: $0 engine|engine+bench|depth27|loop|sync|step|warm-start|curve" >&2
+    echo "usage: $0 engine|engine+bench|depth27|loop|sync|step|warm-start|curves" >&2
     exit 2
     ;;
 esac
