@@ -3,11 +3,12 @@
 # wheel folders in the checkout instead (tests/gpu/README.md): each one is installed only when present.
 
 # Install the wheel folders among "$@" that exist (e.g. .wray .wmeg), then put every set installed
-# on this machine so far on PYTHONPATH.
+# on this machine so far on PYTHONPATH. RLINF_KITS_READY=1 (run_all.sh side-by-side, which installs
+# them once before its suites start side by side): only the latter.
 use_wheel_folders() {
   local folder
   for folder in "$@"; do
-    if [ -f "$folder/tools/install.sh" ]; then
+    if [ -f "$folder/tools/install.sh" ] && [ "${RLINF_KITS_READY:-0}" != 1 ]; then
       source "$folder/tools/install.sh" >/dev/null || return 1
     fi
   done

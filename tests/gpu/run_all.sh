@@ -17,12 +17,20 @@
 #                                      offloaded between phases              (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
 #                                      step                                  (not yet timed; <= 580 s)
+#   bash tests/gpu/run_all.sh SUITE    one suite of a part (the names in SUITES below)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
-# Machines provisioned from wheel folders instead (tests/gpu/README.md): `engine` needs .whl in the
-# checkout, `te` installs .wte (Transformer Engine) alone, the others need .whl2 (or .wray + .wmeg),
-# each part a call of its own, back to back on one warm machine: te, engine, actor, pack, sync, loop,
-# step.
+#   bash tests/gpu/run_all.sh side-by-side [PART_OR_SUITE...]
+#       On a machine with several GPUs: every suite (or those named) at once, each on a GPU of its
+#       own (queued, longest first, while there are fewer GPUs than suites), each with its own
+#       scratch folder (TMPDIR: checkpoints, Ray sessions, logs), torch.distributed port and
+#       summary; their summaries merged into $OUT/run_all_summary.json.
+#
+# Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
+# (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
+# Ray, Megatron), each in a call of its own (`engine` installs .whl itself, the others .whl2), back
+# to back on one warm machine: te, engine, actor, pack, sync, loop, step; or te, install (.whl),
+# install (.whl2), side-by-side.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
 # passed, failed, skipped, errors, seconds and the figures the suite recorded) and writes the whole
@@ -36,10 +44,17 @@
 # is green only when every suite is there, green, and ran this checkout's code.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export OUT=${OUT:-/tmp/gpu-run-all} PYTHONUNBUFFERED=1
-SUMMARY=${SUMMARY:-/tmp/rlinf-gpu-run-all.jsonl}
+tmp=${TMPDIR:-/tmp}  # scratch: checkpoints, logs, Ray sessions (side-by-side gives each suite its own)
+export OUT=${OUT:-$tmp/gpu-run-all} PYTHONUNBUFFERED=1
+SUMMARY=${SUMMARY:-$tmp/rlinf-gpu-run-all.jsonl}
 mkdir -p "$OUT"
 here=tests/gpu
+
+SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts sync loop step routing-replay-step"
+declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron-grpo"
+  [pack]="pack grouped-experts" [sync]="sync" [loop]="loop" [step]="step routing-replay-step" [all]="$SUITES")
+# Longest first, for side-by-side's queue
+BY_LENGTH="step routing-replay-step loop sync optim megatron-actor engine pack grouped-experts megatron-grpo"
 
 # suite NAME FIGURES_FILE COMMAND...: run it, keep its log under $OUT, add its record to the summary
 suite() {
@@ -54,34 +69,87 @@ suite() {
   python3 $here/run_all_summary.py add "$SUMMARY" "$name" "$rc" $((SECONDS - start)) "$OUT/$name.log" "$figures" "$first"
 }
 
-megatron_figures=/tmp/megatron-checks/megatron_figures.jsonl
-sglang_figures=/tmp/sglang-checks/sglang_figures.jsonl
-megatron() { OUT=/tmp/megatron-checks bash $here/run_megatron_checks.sh "$@"; }
-sglang() { OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh "$@"; }
+megatron_figures=$tmp/megatron-checks/megatron_figures.jsonl
+sglang_figures=$tmp/sglang-checks/sglang_figures.jsonl
+megatron() { OUT=$tmp/megatron-checks bash $here/run_megatron_checks.sh "$@"; }
+sglang() { OUT=$tmp/sglang-checks bash $here/sglang_gpu_checks.sh "$@"; }
+
+run_suite() {
+  case $1 in
+    engine) suite engine "$sglang_figures" sglang engine ;;
+    # save / load runs once, in optim
+    megatron-actor) suite megatron-actor "$megatron_figures" megatron actor -k "not save_load and not fresh_actor" ;;
+    optim) suite optim "$megatron_figures" megatron optim ;;
+    megatron-grpo) suite megatron-grpo "$megatron_figures" megatron grpo ;;
+    pack) suite pack "$megatron_figures" megatron pack ;;
+    grouped-experts) suite grouped-experts "$megatron_figures" megatron experts ;;
+    sync) suite sync "$sglang_figures" sglang sync ;;
+    loop) suite loop "$sglang_figures" sglang loop ;;
+    step)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
+      rm -rf "$tmp/sglang-checks/step-step"
+      suite step "$tmp/sglang-checks/step-step/rows.jsonl" env STEP_TAG=step STEP_TIMEOUT=300 \
+        OUT="$tmp/sglang-checks" bash $here/sglang_gpu_checks.sh step --steps 3 ;;
+    routing-replay-step)
+      rm -rf "$tmp/sglang-checks/step-replay"
+      suite routing-replay-step "$tmp/sglang-checks/step-replay/rows.jsonl" env STEP_TAG=replay STEP_TIMEOUT=280 \
+        OUT="$tmp/sglang-checks" bash $here/sglang_gpu_checks.sh step --routing-replay replay ;;
+  esac
+}
+
+side_by_side() {
+  local wanted=" " name gpus g i=0 free
+  for name in "$@"; do wanted+="${PART_SUITES[$name]:-$name} "; done
+  [ "$wanted" = " " ] && wanted=" $SUITES "
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$gpus" -lt 2 ]; then
+    echo "run_all side-by-side: needs two or more GPUs, this machine shows $gpus; run the parts one by one" >&2
+    return 2
+  fi
+  source $here/provision.sh
+  use_wheel_folders .whl .wray .wmeg .whl2 || return 1  # once, before the suites start
+  export RLINF_KITS_READY=1
+  local -a holder=()  # holder[g]: the suite process on GPU g
+  for name in $BY_LENGTH; do
+    [[ $wanted == *" $name "* ]] || continue
+    while :; do
+      free=""
+      for ((g = 0; g < gpus; g++)); do
+        if [ -z "${holder[$g]:-}" ] || ! kill -0 "${holder[$g]}" 2>/dev/null; then free=$g; break; fi
+      done
+      [ -n "$free" ] && break
+      wait -n
+    done
+    mkdir -p "$tmp/gpu-$name" "$OUT/$name"
+    CUDA_VISIBLE_DEVICES=$free TMPDIR=$tmp/gpu-$name MASTER_PORT=$((29600 + 20 * i)) OUT=$OUT/$name \
+      SUMMARY=$tmp/gpu-$name/summary.jsonl bash $here/run_all.sh "$name" >"$OUT/$name.out" 2>&1 &
+    holder[$free]=$!
+    i=$((i + 1))
+    echo "== run_all side-by-side: $name on GPU $free (its output: $OUT/$name.out, $OUT/$name/)"
+  done
+  wait
+  python3 $here/run_all_summary.py merge "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json
+}
 
 part=${1:-all}
 case "$part" in
-  engine|all) suite engine "$sglang_figures" sglang engine ;;&
   te)
     source .wte/tools/install.sh >/dev/null && python3 .wte/tools/check_te.py
     exit $? ;;
-  actor|all)
-    # save / load runs once, in optim
-    suite megatron-actor "$megatron_figures" megatron actor -k "not save_load and not fresh_actor"
-    suite optim "$megatron_figures" megatron optim
-    suite megatron-grpo "$megatron_figures" megatron grpo ;;&
-  pack|all)
-    suite pack "$megatron_figures" megatron pack
-    suite grouped-experts "$megatron_figures" megatron experts ;;&
-  sync|all) suite sync "$sglang_figures" sglang sync ;;&
-  loop|all) suite loop "$sglang_figures" sglang loop ;;&
-  step|all)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
-    rm -rf /tmp/sglang-checks/step-step /tmp/sglang-checks/step-replay
-    suite step /tmp/sglang-checks/step-step/rows.jsonl env STEP_TAG=step STEP_TIMEOUT=300 \
-      OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --steps 3
-    suite routing-replay-step /tmp/sglang-checks/step-replay/rows.jsonl env STEP_TAG=replay STEP_TIMEOUT=280 \
-      OUT=/tmp/sglang-checks bash $here/sglang_gpu_checks.sh step --routing-replay replay ;;&
-  engine|actor|pack|sync|loop|step|all|summary) ;;
-  *) echo "usage: $0 engine|te|actor|pack|sync|loop|step|all|summary" >&2; exit 2 ;;
+  install)
+    source $here/provision.sh
+    use_wheel_folders .whl .wray .wmeg .whl2
+    exit $? ;;
+  side-by-side)
+    side_by_side "${@:2}"
+    exit $? ;;
+  summary) ;;
+  *)
+    suites=${PART_SUITES[$part]:-}
+    [[ " $SUITES " == *" $part "* ]] && suites=$part
+    if [ -z "$suites" ]; then
+      echo "usage: $0 engine|actor|pack|sync|loop|step|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
+      exit 2
+    fi
+    for name in $suites; do run_suite "$name"; done ;;
 esac
 python3 $here/run_all_summary.py show "$SUMMARY" "$OUT/run_all_summary.json"

@@ -42,13 +42,14 @@
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+tmp=${TMPDIR:-/tmp}  # scratch: checkpoints, logs, Ray sessions (run_all.sh side-by-side gives each part its own)
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 # Exact fp32 GEMMs under Transformer Engine, as the runner starts an fp32 actor's processes
 # (rlinf.models.megatron.fp32_gemms); bf16 GEMMs are unaffected.
 export NVIDIA_TF32_OVERRIDE=0
-OUT=${OUT:-/tmp/megatron-checks}
+OUT=${OUT:-$tmp/megatron-checks}
 mkdir -p "$OUT"
-export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
+export RLINF_GPU_FIGURES=$OUT/megatron_figures.jsonl RLINF_GPU_TEST_DIR=$tmp/rlinf-gpu-ckpt
 source tests/gpu/provision.sh
 use_tiny_checkpoint .h11-tiny
 use_wheel_folders .wte .wray .wmeg .whl2 || exit 1
@@ -57,7 +58,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PYTEST=(python3 -m pytest -q -s -p no:cacheprovider --durations=8 -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
 # A failing check sets status even inside a pipeline (`run ... | tail`, a subshell): it leaves a mark.
-failed=/tmp/megatron-checks-failed.$$
+failed=$tmp/megatron-checks-failed.$$
 run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
 grouped_experts_tests() {  # SECONDS: tests/gpu/test_megatron_grouped_experts.py within that time
@@ -76,20 +77,20 @@ case "$mode" in
   actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
   te-free-spec) run env RLINF_MEGATRON_TE=off timeout 120 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k spec 2>&1 | tail -n 20 ;;
   grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
-  bench|all) bench --profile /tmp/actor-profile "${@:2}" ;;
+  bench|all) bench --profile $tmp/actor-profile "${@:2}" ;;
   grouped)
     # HF (torch actor) and Megatron with grouped experts in one run, then the checks, then
     # SequentialMLP experts for the before/after
-    bench --megatron-grouped-gemm --profile /tmp/actor-profile-grouped
+    bench --megatron-grouped-gemm --profile $tmp/actor-profile-grouped
     grouped_experts_tests 200
     bench --backends megatron ;;
   experts) grouped_experts_tests 300 ;;
   te-experts)
     grouped_experts_tests 200
     BENCH_TIMEOUT=${BENCH_TIMEOUT:-450} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
-      --profile /tmp/actor-profile-te-experts "${@:2}" ;;
+      --profile $tmp/actor-profile-te-experts "${@:2}" ;;
   host)
-    bench --megatron-grouped-gemm --profile /tmp/actor-profile-host --profile-host
+    bench --megatron-grouped-gemm --profile $tmp/actor-profile-host --profile-host
     bench --megatron-grouped-gemm --micro-batch 16 ;;
   bf16-ops) run timeout 400 python3 tests/gpu/bf16_op_errors.py "${@:2}" 2>&1 | tee "$OUT/bf16_ops.log" | grep -E '^\{|Error' | tee -a "$RLINF_GPU_FIGURES" ;;
   optim) run timeout 420 "${PYTEST[@]}" tests/gpu/test_megatron_compact_adamw.py 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
@@ -107,7 +108,7 @@ case "$mode" in
     mkdir -p "$config" && cp tests/fixtures/moonlight-16b-a3b-config.json "$config/config.json"
     run timeout "${BENCH_TIMEOUT:-540}" python3 -m benchmarks.actor_throughput --model "$config" --backends megatron \
       --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
-      --profile /tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
+      --profile $tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
   *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
 esac

@@ -42,10 +42,11 @@
 # Figures: JSON lines in $OUT/sglang_figures.jsonl (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+tmp=${TMPDIR:-/tmp}  # scratch: checkpoints, logs, Ray sessions (run_all.sh side-by-side gives each part its own)
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/sglang-checks}
+OUT=${OUT:-$tmp/sglang-checks}
 mkdir -p "$OUT"
-export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=/tmp/rlinf-gpu-ckpt
+export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=$tmp/rlinf-gpu-ckpt
 status=0
 
 source tests/gpu/provision.sh
@@ -53,9 +54,9 @@ source tests/gpu/provision.sh
 # The tail of every non-empty Ray worker log (SGLang's children write their tracebacks there), in
 # one archive: a call brings back only so many files, and the figures must not lose their place.
 save_ray_logs() {
-  local tails=/tmp/ray_log_tails
+  local tails=$tmp/ray_log_tails
   rm -rf "$tails" && mkdir -p "$tails"
-  for f in /tmp/ray/session_*/logs/worker-*.err /tmp/ray/session_*/logs/worker-*.out; do
+  for f in $tmp/ray/session_*/logs/worker-*.err $tmp/ray/session_*/logs/worker-*.out; do
     [ -s "$f" ] && tail -n 400 "$f" >"$tails/$(basename "$(dirname "$(dirname "$f")")")-$(basename "$f")"
   done
   tar czf "$OUT/ray_logs.tar.gz" -C "$tails" .
@@ -84,7 +85,7 @@ case "${1:-}" in
         tee "$OUT/before_decode.txt"
       timeout 240 python3 -m benchmarks.rollout_decode --backends sglang,torch,generate --batches 64,256 \
         --new-tokens 512 --checkpoint "$RLINF_GPU_TEST_DIR/moonlight-slice-4l" \
-        --sglang-profile /tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
+        --sglang-profile $tmp/sglang-profile 2>&1 | tee "$OUT/rollout_decode.log" | tail -n 30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     ;;
@@ -99,7 +100,7 @@ case "${1:-}" in
       kernel_dir=$(python3 -c "import importlib.util as u; print(u.find_spec('sgl_kernel').submodule_search_locations[0])")
       gunzip -c .wfmla/flashmla_ops.abi3.so.gz >"$kernel_dir/flashmla_ops.abi3.so" && echo "FlashMLA extension put into $kernel_dir"
     fi
-    ckpt=${DEPTH27_CHECKPOINT:-/tmp/m27}
+    ckpt=${DEPTH27_CHECKPOINT:-$tmp/m27}
     if [ ! -f "$ckpt/config.json" ]; then
       timeout 330 python3 -m rlinf.models.slice --out "$ckpt" --layers 27 --device cuda 2>&1 | tail -n 8 || exit 1
     fi
@@ -130,7 +131,7 @@ case "${1:-}" in
     # with the rollout's full list, and each engine starts in less of the call's time.
     extra=(--batches 64,256 --new-tokens 512 --sglang-repeats 3 --sglang-arg 'cuda_graph_bs=[64,256]')
     case $plan in
-      sweep) variants=$DEPTH27_sweep; extra+=(--sglang-profile /tmp/sglang-profile-27) ;;
+      sweep) variants=$DEPTH27_sweep; extra+=(--sglang-profile $tmp/sglang-profile-27) ;;
       sweep2) variants=$DEPTH27_sweep2 ;;
       sweep3) variants=$DEPTH27_sweep3 ;;
       long) variants='{}'; extra=(--batches 256 --tail-lengths 2048,4096 --oversample-groups 4) ;;
@@ -155,7 +156,7 @@ case "${1:-}" in
     # FRESH_KERNEL_CACHES=1: this run compiles its triton / inductor kernels anew (the diagnostic for
     # the engine fault that follows the order of runs on a machine; docs/sglang.md)
     if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
-      export TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-cache.XXXX)
+      export TRITON_CACHE_DIR=$(mktemp -d $tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d $tmp/inductor-cache.XXXX)
     fi
     timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
@@ -177,7 +178,7 @@ case "${1:-}" in
     # The work dir stays off $OUT (checkpoints, if any, are tens of GB); rows.jsonl, each run's log
     # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
     use_project_stack
-    work=/tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
+    work=$tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
     timeout "$limit" python3 -m benchmarks.grpo_step_runner --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner${STEP_TAG:+-$STEP_TAG}.log" | tail -n 40
     status=${PIPESTATUS[0]}
@@ -200,7 +201,7 @@ case "${1:-}" in
     # No carried checkpoint: the recipe's tiny://bootstrap-gpu warm start is built into the cache
     # once (or by `warm-start` in an earlier call), as a user's first run builds it.
     use_project_stack
-    work=/tmp/curves limit=${CURVE_TIMEOUT:-570}
+    work=$tmp/curves limit=${CURVE_TIMEOUT:-570}
     rm -rf "$work" && mkdir -p "$OUT/curves"
     variants=()
     for v in ${CURVE_VARIANTS:-megatron-te}; do variants+=(--variant "$v"); done

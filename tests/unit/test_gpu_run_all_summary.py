@@ -58,7 +58,11 @@ def _record(suite: str, code: str, **counts) -> dict:
 
 
 def test_the_code_fingerprint_follows_the_code_the_gpu_runs_and_ignores_the_rest(tmp_path):
-    for name, text in [("rlinf/a.py", "x = 1\n"), ("tests/gpu/run.sh", "echo\n"), ("tests/unit/test_a.py", "a = 1\n")]:
+    for name, text in [
+        ("rlinf/a.py", "x = 1\n"),
+        ("tests/gpu/run.sh", "echo\n"),
+        ("tests/unit/test_a.py", "a = 1\n"),
+    ]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     first = summary.code_fingerprint(tmp_path)
@@ -81,9 +85,14 @@ def test_a_checkout_and_the_copy_a_gpu_machine_gets_have_one_fingerprint(tmp_pat
 
 
 def test_run_all_lists_the_suites_the_summary_expects():
-    lines = (SCRIPT.parent / "run_all.sh").read_text().splitlines()
-    code = [line for line in lines if not line.lstrip().startswith("#")]
-    assert tuple(name for line in code for name in re.findall(r"\bsuite ([\w-]+) ", line)) == summary.SUITES
+    script = (SCRIPT.parent / "run_all.sh").read_text()
+    code = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert tuple(name for line in code for name in re.findall(r'\bsuite ([\w-]+) "', line)) == summary.SUITES
+    listed = {
+        name: re.search(rf'^{name}="([^"]+)"', script, re.M).group(1).split()
+        for name in ("SUITES", "BY_LENGTH")
+    }
+    assert tuple(listed["SUITES"]) == summary.SUITES and sorted(listed["BY_LENGTH"]) == sorted(summary.SUITES)
 
 
 def test_parts_from_several_machines_merge_into_one_green_run_only_on_one_code(tmp_path):

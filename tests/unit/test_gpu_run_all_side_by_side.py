@@ -1,0 +1,97 @@
+"""tests/gpu/run_all.sh side-by-side: every suite once, each alone on its GPU, with its own scratch
+folder and port, and one merged summary. The real script, in a copy of the repo whose two check
+scripts are stand-ins that log where they ran (no GPU here); nvidia-smi is a stand-in listing GPUs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+GPU_DIR = Path(__file__).parents[1] / "gpu"
+SUITES = "engine megatron-actor optim megatron-grpo pack grouped-experts sync loop step routing-replay-step".split()
+
+STAND_IN = """#!/usr/bin/env bash
+echo "$(date +%s.%N) start $CUDA_VISIBLE_DEVICES $TMPDIR $MASTER_PORT $RLINF_KITS_READY $*" >> "$LEDGER"
+sleep 0.4
+echo "$(date +%s.%N) end $CUDA_VISIBLE_DEVICES $TMPDIR" >> "$LEDGER"
+echo "1 passed in 0.40s"
+"""
+
+
+def _fake_repo(root: Path, gpus: int) -> dict[str, str]:
+    (root / "tests/gpu").mkdir(parents=True)
+    for name in ("run_all.sh", "run_all_summary.py", "provision.sh"):
+        shutil.copy(GPU_DIR / name, root / "tests/gpu" / name)
+    for name in ("run_megatron_checks.sh", "sglang_gpu_checks.sh"):
+        (root / "tests/gpu" / name).write_text(STAND_IN)
+    (root / "bin").mkdir()
+    smi = root / "bin/nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n" + "".join(f'echo "GPU {g}: NVIDIA H200 (UUID: GPU-{g})"\n' for g in range(gpus))
+    )
+    smi.chmod(0o755)
+    path = f"{root / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin"  # this test's python3
+    return {
+        "PATH": path,
+        "LEDGER": str(root / "ledger"),
+        "TMPDIR": str(root / "tmp"),
+        "OUT": str(root / "out"),
+    }
+
+
+def _run(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    (root / "tmp").mkdir(exist_ok=True)
+    return subprocess.run(
+        ["bash", str(root / "tests/gpu/run_all.sh"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_side_by_side_runs_each_suite_once_alone_on_its_gpu_and_merges_one_summary(tmp_path):
+    env = _fake_repo(tmp_path, gpus=3)
+    done = _run(tmp_path, env, "side-by-side")
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts, ends = {}, {}
+    for line in (tmp_path / "ledger").read_text().splitlines():
+        when, kind, gpu, scratch, *rest = line.split()
+        (starts if kind == "start" else ends)[scratch] = (float(when), gpu, rest)
+    assert sorted(Path(s).name for s in starts) == sorted(f"gpu-{name}" for name in SUITES)
+    assert {rest[1] for _, _, rest in starts.values()} == {"1"}  # the kits were installed once, before
+    assert len({rest[0] for _, _, rest in starts.values()}) == len(SUITES)  # a port each
+    for gpu in "012":  # never two suites on one GPU at once
+        spans = sorted((starts[s][0], ends[s][0]) for s in starts if starts[s][1] == gpu)
+        assert spans and all(
+            a_end <= b_start for (_, a_end), (b_start, _) in zip(spans[:-1], spans[1:], strict=True)
+        )
+    whole = json.loads((tmp_path / "out/run_all_summary.json").read_text())
+    assert [s["suite"] for s in whole["suites"]] == SUITES and whole["missing"] == whole["not_green"] == []
+    assert whole["totals"]["passed"] == len(SUITES) and whole["code"] == whole["suites"][0]["code"]
+
+
+def test_side_by_side_of_some_parts_reports_the_rest_missing_and_one_gpu_is_refused(tmp_path):
+    env = _fake_repo(tmp_path, gpus=2)
+    done = _run(tmp_path, env, "side-by-side", "engine", "step")
+    assert done.returncode == 1  # a run of some suites is not run_all green
+    whole = json.loads((tmp_path / "out/run_all_summary.json").read_text())
+    assert [s["suite"] for s in whole["suites"]] == ["engine", "step", "routing-replay-step"]
+    assert "loop" in whole["missing"]
+    one = tmp_path / "one"
+    refused = _run(one, _fake_repo(one, gpus=1), "side-by-side")
+    assert refused.returncode == 2 and "needs two or more GPUs, this machine shows 1" in refused.stderr
+
+
+def test_a_suite_runs_alone_by_name_and_an_unknown_part_is_refused(tmp_path):
+    env = _fake_repo(tmp_path, gpus=1)
+    assert _run(tmp_path, env, "optim").returncode == 0
+    assert [
+        json.loads(line)["suite"]
+        for line in (tmp_path / "tmp/rlinf-gpu-run-all.jsonl").read_text().splitlines()
+    ] == ["optim"]
+    wrong = _run(tmp_path, env, "optimm")
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr
