@@ -56,7 +56,7 @@ def supervised_warm_start(
     warmup_steps: int,
     seed: int,
 ) -> list[float]:
-    """Train `model` in place with AdamW for `steps` batches; returns the loss of every step.
+    """Train `model` in place (on its device) with AdamW for `steps` batches; returns the loss of every step.
 
     Batches walk through `problems` in a seeded shuffled order, reshuffled each pass.
     """
@@ -74,7 +74,8 @@ def supervised_warm_start(
             order_rng.shuffle(reshuffled)
             order += reshuffled
         batch, order = [examples[i] for i in order[:batch_size]], order[batch_size:]
-        input_ids, attention_mask, labels = _right_padded_batch(batch, tokenizer.pad_token_id)
+        padded = _right_padded_batch(batch, tokenizer.pad_token_id)
+        input_ids, attention_mask, labels = (t.to(model.device) for t in padded)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -6,9 +6,12 @@ then MoE layers with routed experts, top-k sigmoid routing with a correction bia
 shared experts, one expert group and a routed scaling factor. A short supervised warm start on the
 synthetic arithmetic task leaves it partly right, so that GRPO has something to improve.
 
-    python -m rlinf.models.tiny --out DIR [--steps N] [--seed S]
+    python -m rlinf.models.tiny --out DIR [--steps N] [--seed S] [--device cuda]
 
-`tiny://bootstrap` in a recipe resolves to a cached build (`ensure_tiny_checkpoint`).
+`tiny://bootstrap` in a recipe resolves to a cached build (`ensure_tiny_checkpoint`). The warm start
+runs on the GPU where the process sees one (GPU-tiny's: about a minute there, 17 on one CPU core),
+in a child process, so that the caller (a run's driver) holds no CUDA context afterwards; else on one
+CPU thread, where a build is reproducible to the bit.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -216,12 +221,16 @@ def scale_attention_init(model: PreTrainedModel, settings: TinyModelSettings) ->
 
 
 def build_tiny_checkpoint(
-    out_dir: str | Path, settings: TinyModelSettings = TinyModelSettings(), *, bootstrap: bool = True
+    out_dir: str | Path,
+    settings: TinyModelSettings = TinyModelSettings(),
+    *,
+    bootstrap: bool = True,
+    device: str = "cpu",
 ) -> Path:
     """Write the tiny model, tokenizer, generation config and a build report to `out_dir`.
 
-    With `bootstrap`, the model is warm-started on the synthetic task and its greedy validation
-    accuracy is measured into `tiny_build.json`; without, it keeps its seeded random init.
+    With `bootstrap`, the model is warm-started on the synthetic task (on `device`) and its greedy
+    validation accuracy is measured into `tiny_build.json`; without, it keeps its seeded random init.
     """
     from transformers import GenerationConfig
 
@@ -243,8 +252,13 @@ def build_tiny_checkpoint(
         "bootstrapped": bootstrap,
     }
     if bootstrap:
-        with single_thread():
-            report |= _bootstrap(model, tokenizer, settings)
+        report["warm_start_device"] = device
+        if device == "cpu":
+            with single_thread():
+                report |= _bootstrap(model, tokenizer, settings)
+        else:
+            report |= _bootstrap(model.to(device), tokenizer, settings)
+            model.to("cpu")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -319,9 +333,32 @@ def ensure_tiny_checkpoint(
             # are cleared here by the next builder.
             staging = root / f".{final.name}.tmp"
             shutil.rmtree(staging, ignore_errors=True)
-            build_tiny_checkpoint(staging, settings)
+            device = warm_start_device()
+            if device == "cpu":
+                build_tiny_checkpoint(staging, settings)
+            else:
+                build_in_child(staging, settings, device)
             staging.rename(final)
     return final
+
+
+def warm_start_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_in_child(out_dir: Path, settings: TinyModelSettings, device: str) -> Path:
+    """`build_tiny_checkpoint` in a child process (`python -m rlinf.models.tiny`): its CUDA context
+    and memory end with it. The child finds this checkout's rlinf whether or not it is installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "rlinf.models.tiny", "--out", str(out_dir), "--device", device]
+    subprocess.run([*cmd, "--settings-json", json.dumps(dataclasses.asdict(settings))], env=env, check=True)
+    return Path(out_dir)
+
+
+def settings_from_json(text: str) -> TinyModelSettings:
+    fields = json.loads(text)
+    return TinyModelSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def resolve_model_path(path: str) -> str:
@@ -344,11 +381,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="warm-start batch size")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="init, data and order seed")
     parser.add_argument("--no-bootstrap", action="store_true", help="keep the random init (no warm start)")
+    parser.add_argument("--device", default=None, help="the warm start's device (default: cuda if present)")
+    parser.add_argument(
+        "--settings-json", help="every TinyModelSettings field (the flags above then ignored)"
+    )
     args = parser.parse_args(argv)
     settings = dataclasses.replace(
         defaults, train_steps=args.steps, lr=args.lr, batch_size=args.batch_size, seed=args.seed
     )
-    out = build_tiny_checkpoint(args.out, settings, bootstrap=not args.no_bootstrap)
+    if args.settings_json:
+        settings = settings_from_json(args.settings_json)
+    device = args.device or warm_start_device()
+    if device != "cpu":  # as reproducible as the GPU allows: deterministic kernels where torch has them
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    out = build_tiny_checkpoint(args.out, settings, bootstrap=not args.no_bootstrap, device=device)
     print((out / BUILD_REPORT).read_text(), end="")
 
 

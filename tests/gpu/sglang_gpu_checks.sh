@@ -17,7 +17,7 @@
 #                                                     step on the slice, split by phase
 #   bash tests/gpu/sglang_gpu_checks.sh warm-start     the recipe's tiny://bootstrap-gpu warm start, built into
 #                                                     this machine's cache as a user's first run builds it,
-#                                                     in a call of its own (minutes of one CPU core), so
+#                                                     in a call of its own (on the GPU, in a child process), so
 #                                                     that each `curves` call trains for its whole budget
 #   bash tests/gpu/sglang_gpu_checks.sh curves [SEEDS] [overrides]
 #                                                     learning curves: the tiny-moe-grpo-gpu recipe through

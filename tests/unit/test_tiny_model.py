@@ -219,3 +219,34 @@ def test_bootstrapped_model_is_partly_right_and_always_boxes(cache_dir: Path) ->
     assert all(extract_last_boxed(response) is not None for response in evaluation.responses)
     report = json.loads((path / BUILD_REPORT).read_text())
     assert report["val_greedy_accuracy"] == evaluation.accuracy  # what the build measured
+
+
+def test_a_build_in_a_child_process_equals_the_build_in_this_one(tmp_path: Path) -> None:
+    here = build_tiny_checkpoint(tmp_path / "here", QUICK)
+    child = tiny.build_in_child(tmp_path / "child", QUICK, "cpu")  # the GPU path's process, on the CPU
+    a, b = (AutoModelForCausalLM.from_pretrained(str(p)).state_dict() for p in (here, child))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    report = json.loads((child / BUILD_REPORT).read_text())
+    assert (
+        report["warm_start_device"] == "cpu"
+        and tiny.settings_from_json(json.dumps(report["settings"])) == QUICK
+    )
+
+
+def test_the_cache_builds_in_a_child_process_where_a_gpu_is_seen(tmp_path: Path, monkeypatch) -> None:
+    children: list[tuple[Path, TinyModelSettings, str]] = []
+
+    def child(out_dir: Path, settings: TinyModelSettings, device: str) -> Path:
+        children.append((out_dir, settings, device))
+        return build_tiny_checkpoint(out_dir, settings)
+
+    monkeypatch.setattr(tiny, "warm_start_device", lambda: "cuda")
+    monkeypatch.setattr(tiny, "build_in_child", child)
+    path = ensure_tiny_checkpoint(QUICK, cache_dir=tmp_path)
+    assert [(s, d) for _, s, d in children] == [(QUICK, "cuda")] and (path / BUILD_REPORT).is_file()
+
+
+def test_settings_travel_to_the_child_as_json_unchanged() -> None:
+    text = json.dumps(dataclasses.asdict(GPU_TINY_SETTINGS))
+    assert tiny.settings_from_json(text) == GPU_TINY_SETTINGS
+    assert tiny.settings_from_json(text).digest() == GPU_TINY_SETTINGS.digest()
