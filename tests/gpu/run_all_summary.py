@@ -28,6 +28,7 @@ from pathlib import Path
 
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed|skipped|errors?|deselected).*) in [\d.]+s")
+DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+::\S+)$")
 ROOT = Path(__file__).resolve().parents[2]
 # What the GPU runs: a change elsewhere (docs, the CPU tests) leaves earlier GPU results standing.
 CODE = ("rlinf", "benchmarks", "examples", "tests/gpu", "tests/fixtures", "pyproject.toml")
@@ -90,6 +91,16 @@ def pytest_counts(log: str) -> dict[str, int] | None:
     return counts
 
 
+def slowest_phases(log: str, top: int = 8) -> list[dict]:
+    """pytest's --durations lines ("12.50s call  tests/gpu/test_x.py::test_a"), slowest first."""
+    found = [
+        {"seconds": float(m.group(1)), "phase": m.group(2), "test": m.group(3)}
+        for line in log.splitlines()
+        if (m := DURATION.match(line.strip()))
+    ]
+    return sorted(found, key=lambda d: -d["seconds"])[:top]
+
+
 def suite_record(suite: str, rc: int, seconds: float, log: str, figures: list[dict]) -> dict:
     counts = pytest_counts(log)
     if counts is None:  # a benchmark or a script: one check, its exit status
@@ -101,6 +112,7 @@ def suite_record(suite: str, rc: int, seconds: float, log: str, figures: list[di
         "rc": rc,
         "seconds": round(seconds, 1),
         **counts,
+        "slowest": slowest_phases(log),
         "code": code_fingerprint(),
         "figures": figures,
     }

@@ -27,6 +27,24 @@ def test_pytest_closing_lines_are_added_up():
     assert summary.pytest_counts("no tests here\n3 passed engines") is None
 
 
+def test_the_slowest_test_phases_come_from_pytests_durations_lines():
+    log = "\n".join(
+        [
+            "============================= slowest 3 durations ==============================",
+            "96.10s call     tests/gpu/test_x.py::test_a[bf16]",
+            "0.79s setup    tests/gpu/test_x.py::test_b",
+            "130.5s call     tests/gpu/test_y.py::test_c",
+            "12.0s call in a sentence that is not a durations line",
+        ]
+    )
+    slowest = summary.suite_record("actor", 0, 240.0, log, [])["slowest"]
+    assert [(d["seconds"], d["phase"], d["test"]) for d in slowest] == [
+        (130.5, "call", "tests/gpu/test_y.py::test_c"),
+        (96.1, "call", "tests/gpu/test_x.py::test_a[bf16]"),
+        (0.79, "setup", "tests/gpu/test_x.py::test_b"),
+    ]
+
+
 def test_a_benchmark_counts_its_exit_status_and_a_killed_pytest_is_an_error():
     assert summary.suite_record("step", 0, 1.0, "{}", [])["passed"] == 1
     assert summary.suite_record("step", 124, 1.0, "{}", [])["failed"] == 1
