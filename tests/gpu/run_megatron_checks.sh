@@ -25,10 +25,10 @@
 #          tests/gpu/test_megatron_grouped_experts.py, then Megatron with SequentialMLP experts
 #   experts  (not in `all`) tests/gpu/test_megatron_grouped_experts.py alone (rlinf's grouped-GEMM experts
 #          in the spec this machine runs)
-#   te-experts  (not in `all`; with TE) actor.model.moe_grouped_gemm_impl: torch, rlinf's grouped_mm
-#          experts in the TE spec: tests/gpu/test_megatron_grouped_experts.py under TE, then one slice
-#          benchmark with HF, Megatron-TE with TEGroupedMLP and Megatron-TE with rlinf's experts
-#          (`bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch`, profiled)
+#   te-experts  (not in `all`; needs TE) actor.model.moe_grouped_gemm_impl: torch, rlinf's grouped_mm
+#          experts in the TE spec: one slice benchmark with HF, Megatron-TE with TEGroupedMLP and
+#          Megatron-TE with rlinf's experts (`bench --backends torch,megatron --megatron-variants
+#          moe_grouped_gemm_impl=torch`, profiled); `experts` runs their checks
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -85,9 +85,9 @@ case "$mode" in
     grouped_experts_tests 200
     bench --backends megatron ;;
   experts) grouped_experts_tests 300 ;;
-  te-experts)
-    grouped_experts_tests 200
-    BENCH_TIMEOUT=${BENCH_TIMEOUT:-450} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
+  te-experts)  # the benchmark alone: `experts` (run_all's grouped-experts suite) runs the checks under TE
+    python3 -c "import transformer_engine.pytorch" || { echo "te-experts needs Transformer Engine (.wte)" >&2; exit 1; }
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-540} bench --backends torch,megatron --megatron-variants moe_grouped_gemm_impl=torch \
       --profile $tmp/actor-profile-te-experts "${@:2}" ;;
   host)
     bench --megatron-grouped-gemm --profile $tmp/actor-profile-host --profile-host

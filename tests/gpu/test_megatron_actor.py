@@ -151,9 +151,11 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
     actor = MegatronActor(actor_config(path, precision, grouped_gemm=grouped_gemm))
     got = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
     spec = actor.spec
+    built = {type(m).__name__ for m in actor.model[0].modules()}  # what was built, not what was asked
     del actor
     if grouped_gemm:
         assert spec["routed_experts"] == "GroupedGemmExperts", spec
+        assert "GroupedGemmExperts" in built and not built & {"TEGroupedMLP", "SequentialMLP"}, sorted(built)
     free()
     mask = batch.response_mask
     diff = (got - exact)[mask].abs()
@@ -185,6 +187,8 @@ def compare_logprobs(path: Path, precision: str, name: str, *, grouped_gemm: boo
     record(
         name,
         precision="bf16 vs HF fp32",
+        spec=spec["spec"],
+        routed_experts=spec["routed_experts"],
         **figures,
         hf_bf16_vs_hf_fp32_mean=hf_noise,
         vs_hf_bf16_mean=vs_hf_bf16,

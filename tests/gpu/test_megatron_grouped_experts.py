@@ -8,8 +8,8 @@ that the experts change, run on torch's CUDA grouped_mm.
 - one GRPO minibatch gives the torch actor's loss and grad norm (fp32; fp32 grouped_mm is torch's
   per-group fallback, bf16 its grouped kernel).
 
-Run: bash tests/gpu/run_megatron_checks.sh grouped (also benchmarks the slice with the key on), or
-`te-experts` (with TE: these checks, then HF vs TEGroupedMLP vs rlinf's experts in one benchmark).
+Run: bash tests/gpu/run_megatron_checks.sh experts (in the spec this machine runs), or `grouped`
+(TE-free: also benchmarks the slice with the key on); `te-experts` benchmarks them under TE.
 """
 
 from __future__ import annotations
