@@ -114,6 +114,6 @@ def megatron_rank_export(
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
     actor = MegatronActor(cfg, rank=rank, world_size=world, device=device)
-    actor.load(str(step_dir / ACTOR_DIR))
+    actor.load(str(step_dir / ACTOR_DIR), weights_only=True)
     actor.export_hf(str(folder))
     dist.destroy_process_group()

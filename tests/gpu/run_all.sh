@@ -11,8 +11,9 @@
 #   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
 #                                      experts                               (not yet timed; <= 300 s)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
-#                                      the runner's memory order, the HF export of a trained slice
-#                                      served                                (not yet timed; <= 560 s)
+#                                      the runner's memory order            (not yet timed; <= 560 s)
+#   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
+#                                      served by SGLang                     (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
 #                                      offloaded between phases              (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
@@ -29,7 +30,7 @@
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
 # Ray, Megatron), each in a call of its own (`engine` installs .whl itself, the others .whl2), back
-# to back on one warm machine: te, engine, actor, pack, sync, loop, step; or te, install (.whl),
+# to back on one warm machine: te, engine, actor, pack, sync, export, loop, step; or te, install (.whl),
 # install (.whl2), side-by-side.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
@@ -50,11 +51,12 @@ SUMMARY=${SUMMARY:-$tmp/rlinf-gpu-run-all.jsonl}
 mkdir -p "$OUT"
 here=tests/gpu
 
-SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts sync loop step routing-replay-step"
+SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts sync hf-export loop step routing-replay-step"
 declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron-grpo"
-  [pack]="pack grouped-experts" [sync]="sync" [loop]="loop" [step]="step routing-replay-step" [all]="$SUITES")
+  [pack]="pack grouped-experts" [sync]="sync" [export]="hf-export" [loop]="loop" [step]="step routing-replay-step"
+  [all]="$SUITES")
 # Longest first, for side-by-side's queue
-BY_LENGTH="step routing-replay-step loop sync optim megatron-actor engine pack grouped-experts megatron-grpo"
+BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine pack grouped-experts megatron-grpo"
 
 # suite NAME FIGURES_FILE COMMAND...: run it, keep its log under $OUT, add its record to the summary
 suite() {
@@ -84,6 +86,7 @@ run_suite() {
     pack) suite pack "$megatron_figures" megatron pack ;;
     grouped-experts) suite grouped-experts "$megatron_figures" megatron experts ;;
     sync) suite sync "$sglang_figures" sglang sync ;;
+    hf-export) suite hf-export "$sglang_figures" sglang export ;;
     loop) suite loop "$sglang_figures" sglang loop ;;
     step)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
       rm -rf "$tmp/sglang-checks/step-step"
@@ -147,7 +150,7 @@ case "$part" in
     suites=${PART_SUITES[$part]:-}
     [[ " $SUITES " == *" $part "* ]] && suites=$part
     if [ -z "$suites" ]; then
-      echo "usage: $0 engine|actor|pack|sync|loop|step|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
+      echo "usage: $0 engine|actor|pack|sync|export|loop|step|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
       exit 2
     fi
     for name in $suites; do run_suite "$name"; done ;;

@@ -42,6 +42,7 @@ SUITES = (
     "pack",
     "grouped-experts",
     "sync",
+    "hf-export",
     "loop",
     "step",
     "routing-replay-step",

@@ -11,8 +11,8 @@
 #                                                     the GRPO loop colocated on one GPU (Ray + SGLang
 #                                                     rollout + torch or Megatron actor), 4 steps
 #   bash tests/gpu/sglang_gpu_checks.sh sync          a Megatron actor and an SGLang engine on one GPU without
-#                                                     Ray: CUDA IPC weight sync in the runner's memory order,
-#                                                     then a trained slice exported by rlinf.export_hf and served
+#                                                     Ray: CUDA IPC weight sync in the runner's memory order
+#   bash tests/gpu/sglang_gpu_checks.sh export        a trained slice exported by rlinf.export_hf and served
 #   bash tests/gpu/sglang_gpu_checks.sh step [args]   benchmarks/grpo_step_runner.py: a whole colocated
 #                                                     step on the slice, split by phase
 #   bash tests/gpu/sglang_gpu_checks.sh warm-start     the recipe's tiny://bootstrap-gpu warm start, built into
@@ -168,7 +168,17 @@ case "${1:-}" in
     use_pytest || exit 1
     use_tiny_checkpoint .h11-tiny
     timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 tests/gpu/test_sglang_megatron_sync.py \
-      tests/gpu/test_hf_export_gpu.py 2>&1 | tee "$OUT/pytest_sync.log" | tail -n 60
+      2>&1 | tee "$OUT/pytest_sync.log" | tail -n 60
+    status=${PIPESTATUS[0]}
+    ;;
+  export)
+    # The checkpoint it writes (weights + optimizer state, ~35 GB) is deleted after the export, and
+    # pytest keeps a failed test's folder only.
+    use_project_stack
+    use_pytest || exit 1
+    df -h "$tmp" | tail -n 1
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 -o tmp_path_retention_policy=failed \
+      tests/gpu/test_hf_export_gpu.py 2>&1 | tee "$OUT/pytest_export.log" | tail -n 60
     status=${PIPESTATUS[0]}
     ;;
   step)
@@ -218,7 +228,7 @@ case "${1:-}" in
     save_ray_logs
     ;;
   *)
-    echo "usage: $0 engine|engine+bench|depth27|loop|sync|step|warm-start|curves" >&2
+    echo "usage: $0 engine|engine+bench|depth27|loop|sync|export|step|warm-start|curves" >&2
     exit 2
     ;;
 esac

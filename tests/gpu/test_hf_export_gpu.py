@@ -1,7 +1,14 @@
 """A 3-step Megatron run on the Moonlight-shaped slice, exported by `python -m rlinf.export_hf` (its
-NCCL path, one GPU) and served by SGLang: the engine's sampled-token logprobs equal the trained
-actor's recompute, within the bar of the slice's engine test (test_sglang_slice.py), and are far
-from the untrained model's.
+NCCL path, one GPU) and served by SGLang, over 64 sampled rows:
+
+- the engine serves the exported folder: its sampled-token logprobs against HF fp32 on the folder
+  stay within the slice engine test's bar (test_sglang_slice.py);
+- the folder holds the trained actor: the actor's bf16 recompute against HF fp32 on the folder stays
+  within the Megatron actor test's bar (no worse than HF's own bf16 + 10%, test_megatron_actor.py);
+- the trained weights are served, not the base ones: the untrained slice is far further off.
+
+Two bf16 paths (engine, actor) compared with each other differ by about twice one's rounding, so
+each is held against the fp32 reference; their gap is reported.
 
 The slice has no tokenizer of its own; its base folder here is the slice's files (linked) plus the
 tiny model's character tokenizer, which the export carries (the engine is fed token ids).
@@ -9,8 +16,10 @@ tiny model's character tokenizer, which the export carries (the engine is fed to
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,15 +75,19 @@ def test_exported_megatron_slice_serves_the_trained_weights(
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "rlinf.export_hf", str(step_dir), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    try:  # a timeout inside the suite's: the child's output reaches the report
+        done = subprocess.run(
+            [sys.executable, "-m", "rlinf.export_hf", str(step_dir), str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:  # the checkpoint (weights + optimizer state, ~35 GB) is not needed past the export
+        shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     stage("exported", files=sorted(p.name for p in out.iterdir()))
 
     generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 160000, (n,), generator=generator).tolist() for n in (5, 17, 9, 30)]
+    lengths = torch.randint(4, 40, (32,), generator=generator).tolist()
+    prompts = [torch.randint(0, 160000, (n,), generator=generator).tolist() for n in lengths]
     inputs = [p for p in prompts for _ in range(2)]
     params = SamplingParams(temperature=1.0, max_new_tokens=24)
     engine = SGLangEngine(gpu_engine_kwargs(str(out), mem=0.3, graphs=0), where="test engine (HF export)")
@@ -94,8 +107,9 @@ def test_exported_megatron_slice_serves_the_trained_weights(
     actor.onload()
     trained = with_logprobs(served, [actor.compute_logprobs(served)]).old_logprobs
     mask = parsed.response_mask
-    figures = {"mean_abs_diff_vs_actor": float((trained - parsed.logprobs).abs()[mask].mean())}
+    figures = {"engine_vs_actor_mean": float((trained - parsed.logprobs).abs()[mask].mean())}
     del actor
+    gc.collect()  # the actor's model and optimizer hold each other (megatron's config hooks)
     torch.cuda.empty_cache()
     hf = {}
     for precision in ("bf16", "fp32"):
@@ -106,9 +120,17 @@ def test_exported_megatron_slice_serves_the_trained_weights(
     untrained = recompute_logprobs(
         load_causal_lm(str(moonlight_slice), precision="fp32", device=torch.device("cuda")), parsed
     ).cpu()
-    figures["hf_bf16_vs_hf_fp32_mean"] = float((hf["bf16"] - hf["fp32"]).abs()[mask].mean())
-    figures["mean_abs_diff_vs_untrained_fp32"] = float((untrained - parsed.logprobs).abs()[mask].mean())
+    gap = lambda a, b: float((a - b).abs()[mask].mean())  # noqa: E731
+    noise = gap(hf["bf16"], hf["fp32"])
+    figures |= {
+        "hf_bf16_vs_hf_fp32_mean": noise,
+        "engine_vs_hf_fp32_mean": gap(parsed.logprobs, hf["fp32"]),
+        "actor_vs_hf_fp32_mean": gap(trained, hf["fp32"]),
+        "untrained_vs_hf_fp32_mean": gap(untrained, hf["fp32"]),
+    }
     stage("result", tokens=int(mask.sum()), **figures)
-    # The slice engine test's bar (issue 10): 2e-2, or HF's own bf16 noise + 10% where that is larger.
-    assert figures["mean_abs_diff_vs_actor"] <= max(2e-2, 1.1 * figures["hf_bf16_vs_hf_fp32_mean"])
-    assert figures["mean_abs_diff_vs_untrained_fp32"] > 2 * figures["mean_abs_diff_vs_actor"]
+    # The slice engine test's bar: 2e-2, or HF's own bf16 noise + 10% where that is larger.
+    assert figures["engine_vs_hf_fp32_mean"] <= max(2e-2, 1.1 * noise), figures
+    # The Megatron actor test's bf16 bar (test_megatron_actor.compare_logprobs).
+    assert figures["actor_vs_hf_fp32_mean"] <= 1.1 * noise, figures
+    assert figures["untrained_vs_hf_fp32_mean"] > 2 * figures["engine_vs_hf_fp32_mean"], figures

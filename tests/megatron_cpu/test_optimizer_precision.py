@@ -181,6 +181,29 @@ def test_an_actor_that_never_stepped_saves_a_checkpoint(on_cpu, tiny_megatron_ch
     assert all(torch.equal(a, b) for a, b in zip(masters(actor), masters(fresh), strict=True))
 
 
+def test_a_weights_only_load_takes_the_trained_weights_and_leaves_the_optimizer_as_built(
+    on_cpu, tiny_megatron_checkpoint, tmp_path
+):
+    """What `python -m rlinf.export_hf` loads: the model's weights, not the Adam moments and fp32
+    masters that are most of a checkpoint's bytes."""
+    actor = build_actor(tiny_megatron_checkpoint, "bf16")
+    for step in range(2):
+        train_step(actor, tokens(step), counted=True)
+    actor.offloaded = False
+    actor._save(str(tmp_path / "ckpt"))
+    trained = [p.detach().clone() for p in actor.model[0].parameters()]
+    fresh = build_actor(tiny_megatron_checkpoint, "bf16")
+    built = [p.detach().clone() for p in fresh.model[0].parameters()]
+    fresh_masters, fresh_moments = masters(fresh), moments_of(fresh)
+    fresh._load(str(tmp_path / "ckpt"), weights_only=True)
+    weights = list(fresh.model[0].parameters())
+    assert all(torch.equal(a, b) for a, b in zip(trained, weights, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(built, weights, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(fresh_masters, masters(fresh), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(fresh_moments, moments_of(fresh), strict=True))
+    assert fresh.optimizer_steps == 0 and actor.optimizer_steps == 2
+
+
 def test_an_hf_model_loaded_after_an_actor_build_gives_the_actors_logits(
     model_parallel, tiny_megatron_checkpoint
 ):

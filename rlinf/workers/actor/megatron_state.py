@@ -84,7 +84,7 @@ class MegatronActorState:
 
     # --- checkpoints -------------------------------------------------------------------------------
 
-    def _sharded_state(self, is_loading: bool) -> dict:
+    def _sharded_state(self, is_loading: bool, weights_only: bool = False) -> dict:
         from megatron.core import parallel_state
 
         # Megatron-LM's torch_dist defaults: the distributed optimizer's state as one ShardedTensor per
@@ -97,6 +97,8 @@ class MegatronActorState:
             "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True),
         }
         model_state = self.model[0].module.sharded_state_dict(metadata=metadata)
+        if weights_only:
+            return {"model": model_state}
         optimizer_state = self.optimizer.sharded_state_dict(
             model_state, is_loading=is_loading, metadata=metadata
         )
@@ -120,9 +122,12 @@ class MegatronActorState:
             self._save(directory)
         return self.optimizer_steps
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: str, weights_only: bool = False) -> None:
+        """`weights_only`: the model's weights alone (an export), not the optimizer state, RNG and
+        counters a resumed run needs; a fraction of the bytes (Adam moments and fp32 masters are most
+        of a checkpoint)."""
         with self._resident():
-            self._load(directory)
+            self._load(directory, weights_only)
 
     def export_hf(self, directory: str) -> None:
         """Collective: every rank takes part in the bridge's gathers (the weight sync's export);
@@ -218,7 +223,7 @@ class MegatronActorState:
             torch.save(loop, path / LOOP_STATE_FILE)
         dist.barrier()
 
-    def _load(self, directory: str) -> None:
+    def _load(self, directory: str, weights_only: bool = False) -> None:
         import torch.distributed as dist
         from megatron.core import dist_checkpointing, tensor_parallel
 
@@ -230,6 +235,11 @@ class MegatronActorState:
         try:
             loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
             self._check_same_layout(path, loop)
+            if weights_only:
+                state = dist_checkpointing.load(self._sharded_state(True, weights_only=True), str(ckpt))
+                with torch.no_grad():
+                    self.model[0].module.load_state_dict(state["model"])
+                return
             if not self.te_available:
                 ensure_adam_states(self.optimizer)
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
