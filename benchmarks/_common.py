@@ -6,6 +6,7 @@ the same process. Benchmarks run from the project root as `python -m benchmarks.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -50,6 +51,27 @@ def start_recipe(
 def kill_run(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+class GcTime:
+    """While active: the seconds Python's cyclic garbage collector ran and its collections by
+    generation (gc.callbacks). A host-bound call pays for every collection that lands in it."""
+
+    def __enter__(self) -> GcTime:
+        self.seconds, self.collections, self._started = 0.0, [0, 0, 0], None
+        gc.callbacks.append(self._on)
+        return self
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+            self._started = None
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on)
 
 
 def emit(result: dict[str, Any]) -> None:

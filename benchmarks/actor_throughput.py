@@ -66,7 +66,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import ensure_tokenizer
+from benchmarks._common import GcTime, ensure_tokenizer
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
 
@@ -223,12 +223,16 @@ def measure(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        for step in range(shape.steps):
-            actor.train(data, step=1 + run * shape.steps + step)
-        torch.cuda.synchronize()
+        with GcTime() as collector:
+            for step in range(shape.steps):
+                actor.train(data, step=1 + run * shape.steps + step)
+            torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / shape.steps
         figures = {
             "seconds_per_train_call": seconds,
+            # Python's garbage collector inside the timed calls (host time the GPU may wait for)
+            "gc_ms_per_train_call": 1e3 * collector.seconds / shape.steps,
+            "gc_full_collections_per_train_call": collector.collections[2] / shape.steps,
             "tokens_per_s": shape.tokens / seconds,
             "mfu": shape.flops / seconds / (shape.peak_tflops * 1e12),
             "tflop_per_s": shape.flops / seconds / 1e12,

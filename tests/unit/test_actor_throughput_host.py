@@ -49,3 +49,22 @@ def test_the_actors_train_with_the_recipes_optimizer_settings():
     assert optim.use_precision_aware_optimizer and optim.use_distributed_optimizer
     assert (optim.exp_avg_dtype, optim.exp_avg_sq_dtype) == ("bf16", "bf16")
     assert optim.lr == 1e-6 and optim.clip_grad == 1.0
+
+
+def test_the_garbage_collectors_time_and_full_collections_are_counted_while_active():
+    import gc
+
+    from benchmarks._common import GcTime
+
+    class Node:
+        def __init__(self):
+            self.me = self  # a cycle: only the cyclic collector frees it
+
+    with GcTime() as collector:
+        for _ in range(3):
+            _ = [Node() for _ in range(20_000)]
+            gc.collect()
+    after = list(collector.collections)
+    gc.collect()  # outside: not counted, and the callback is gone
+    assert after[2] >= 3 and collector.collections == after and collector.seconds > 0
+    assert collector._on not in gc.callbacks
