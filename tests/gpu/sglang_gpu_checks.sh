@@ -205,6 +205,7 @@ case "${1:-}" in
     status=$?
     ;;
   curves)
+    # CURVE_PARALLEL: runs at once (default 3 a GPU).
     # Each run's metrics.jsonl, resolved config and log come back under $OUT/curves/<variant>-s<seed>,
     # with summary.json (gains per run and per variant) and learning.png; CURVE_TIMEOUT (default 570)
     # bounds the call (runs still going then are cut off; the validations they logged come back).
@@ -216,6 +217,7 @@ case "${1:-}" in
     variants=()
     for v in ${CURVE_VARIANTS:-megatron-te}; do variants+=(--variant "$v"); done
     timeout "$limit" python3 -m benchmarks.learning_seeds tiny-moe-grpo-gpu --seeds "${2:-1234,1,2}" "${variants[@]}" \
+      ${CURVE_PARALLEL:+--parallel "$CURVE_PARALLEL"} \
       --out "$work" --timeout $((limit - 30)) --plot "$OUT/curves/learning.png" "${@:3}" \
       >"$OUT/curves/summary.json" 2>"$OUT/curves/progress.log"
     status=$?
