@@ -25,7 +25,9 @@
 #       On a machine with several GPUs: every suite (or those named) at once, each on a GPU of its
 #       own (queued, longest first, while there are fewer GPUs than suites), each with its own
 #       scratch folder (TMPDIR: checkpoints, Ray sessions, logs), torch.distributed port and
-#       summary; their summaries merged into $OUT/run_all_summary.json.
+#       summary; their summaries merged into $OUT/run_all_summary.json (non-zero exit: a suite that
+#       ran is not green; the suites not named are listed as missing). With few GPUs, name parts
+#       that fit one command (e.g. 2 GPUs: `side-by-side engine actor`, then `pack sync`, ...).
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
@@ -130,7 +132,7 @@ side_by_side() {
     echo "== run_all side-by-side: $name on GPU $free (its output: $OUT/$name.out, $OUT/$name/)"
   done
   wait
-  python3 $here/run_all_summary.py merge "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json
+  python3 $here/run_all_summary.py merge-ran "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json
 }
 
 part=${1:-all}

@@ -3,6 +3,7 @@
     python3 tests/gpu/run_all_summary.py add SUMMARY SUITE RC SECONDS LOG FIGURES FIRST_FIGURE_LINE
     python3 tests/gpu/run_all_summary.py show SUMMARY OUT_JSON
     python3 tests/gpu/run_all_summary.py merge OUT_JSON PART_JSON...
+    python3 tests/gpu/run_all_summary.py merge-ran OUT_JSON PART_JSON...
     python3 tests/gpu/run_all_summary.py code
 
 `add` reads pytest's closing lines ("3 passed, 1 failed, 2 skipped in ...") from the suite's log
@@ -14,7 +15,8 @@ and exits 1 when any suite failed, skipped, did not run to its end, or ran other
 `merge` joins the summaries of parts run on several machines (one per device session, say) into
 one: the last record of each suite wins, and it is green only when every suite of run_all.sh is
 there, green, and ran the code of this checkout, so the parts add up to one commit's run even when
-no single machine ran them all. `code` prints this checkout's fingerprint.
+no single machine ran them all; `merge-ran` writes the same, but its exit status judges only the
+suites that ran (run_all.sh side-by-side of some parts). `code` prints this checkout's fingerprint.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ def main(argv: list[str]) -> int:
         short = {k: v for k, v in record.items() if k != "figures"}
         print(f"run_all: {json.dumps(short)}", flush=True)
         return 0
-    if action == "merge":
+    if action in ("merge", "merge-ran"):
         out = merged([json.loads(Path(p).read_text()) for p in argv[2:]], code_fingerprint())
         summary.write_text(json.dumps(out, indent=1) + "\n")
         print(
@@ -188,6 +190,8 @@ def main(argv: list[str]) -> int:
             f"{out['other_code'] or 'none'}",
             flush=True,
         )
+        if action == "merge-ran":  # the suites that ran: green when they are (run_all.sh side-by-side)
+            return 1 if out["not_green"] or out["other_code"] else 0
         return 0 if green(out) else 1
     suites = [json.loads(line) for line in summary.read_text().splitlines()] if summary.is_file() else []
     codes = sorted({s.get("code") for s in suites})
