@@ -46,6 +46,7 @@ class Run:
     tag: str
     overrides: list[str]
     folder: Path
+    variant: str = "recipe"
     gpu: int | None = None
     proc: subprocess.Popen | None = None
     code: int | None = None
@@ -100,7 +101,7 @@ def plan_runs(args, gpus: list[int]) -> list[Run]:
                 *extra,
                 *args.overrides,
             ]
-            runs.append(Run(tag, overrides, folder, gpus[len(runs) % len(gpus)] if gpus else None))
+            runs.append(Run(tag, overrides, folder, name, gpus[len(runs) % len(gpus)] if gpus else None))
     sharing = min(args.parallel, len(runs))
     per_gpu = -(-sharing // len(gpus)) if gpus else 1
     for run in runs:
@@ -166,26 +167,26 @@ def run_result(run: Run) -> dict:
     return result
 
 
-def variant_summary(results: dict[str, dict], tags: list[str]) -> dict:
-    gains = [results[t]["gain_points"] for t in tags if "gain_points" in results[t]]
-    if not gains:
-        return {"runs": len(tags), "runs_with_a_gain": 0}
-    return {
-        "runs": len(tags),
-        "runs_with_a_gain": len(gains),
-        "gain_mean_points": round(statistics.fmean(gains), 1),
-        "gain_min_points": min(gains),
-        "val_first_mean": round(statistics.fmean(results[t]["val_first"] for t in tags if "gain_points" in results[t]), 4),
-        "val_last_mean": round(statistics.fmean(results[t]["val_last"] for t in tags if "gain_points" in results[t]), 4),
-    }  # fmt: skip
+def variant_summary(results: list[dict]) -> dict:
+    """One variant's runs: how many, how many logged a gain (two validations), their mean and lowest."""
+    measured = [r for r in results if "gain_points" in r]
+    summary = {"runs": len(results), "runs_with_a_gain": len(measured)}
+    if measured:
+        summary |= {
+            "gain_mean_points": round(statistics.fmean(r["gain_points"] for r in measured), 1),
+            "gain_min_points": min(r["gain_points"] for r in measured),
+            "val_first_mean": round(statistics.fmean(r["val_first"] for r in measured), 4),
+            "val_last_mean": round(statistics.fmean(r["val_last"] for r in measured), 4),
+        }
+    return summary
 
 
 def summarize_runs(runs: list[Run]) -> dict:
     results = {run.tag: run_result(run) for run in runs}
-    by_variant: dict[str, list[str]] = {}
+    by_variant: dict[str, list[dict]] = {}
     for run in runs:
-        by_variant.setdefault(run.tag.rsplit("-s", 1)[0], []).append(run.tag)
-    variants = {name: variant_summary(results, tags) for name, tags in by_variant.items()}
+        by_variant.setdefault(run.variant, []).append(results[run.tag])
+    variants = {name: variant_summary(rows) for name, rows in by_variant.items()}
     first = next(iter(variants.values()))
     for summary in variants.values():
         if "gain_mean_points" in summary and "gain_mean_points" in first:

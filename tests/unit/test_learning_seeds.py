@@ -28,7 +28,7 @@ def _share(run: ls.Run) -> list[str]:
 def test_runs_sharing_one_gpu_split_the_engines_memory_and_runs_with_a_gpu_each_do_not():
     runs = ls.plan_runs(_args("tiny-moe-grpo-gpu", 3, "megatron-te", TORCH), gpus=[0])
     assert [r.tag for r in runs] == [f"{v}-s{s}" for v in ("megatron-te", "torch") for s in (1234, 1, 2)]
-    assert {r.gpu for r in runs} == {0}
+    assert [r.variant for r in runs] == ["megatron-te"] * 3 + ["torch"] * 3 and {r.gpu for r in runs} == {0}
     assert all(_share(r) == ["rollout.gpu_memory_utilization=0.1"] for r in runs)  # the recipe's 0.3 / 3
     torch_run = runs[3].overrides
     assert torch_run[0] == "runner.seed=1234" and "actor.training_backend=torch" in torch_run
@@ -69,7 +69,7 @@ def test_the_runs_add_up_to_the_documented_three_seed_figures(tmp_path):
         ("on", "tiny_cpu_dynamic_sampling_seed{}_2026-12-04"),
     ):
         for seed in (1234, 1, 2):
-            run = ls.Run(f"{variant}-s{seed}", [], tmp_path / f"{variant}-s{seed}", code=0)
+            run = ls.Run(f"{variant}-s{seed}", [], tmp_path / f"{variant}-s{seed}", variant, code=0)
             run.proc = object()
             run.metrics.parent.mkdir(parents=True)
             run.metrics.write_text((DATA / f"{stem.format(seed)}.jsonl").read_text())
@@ -84,11 +84,11 @@ def test_the_runs_add_up_to_the_documented_three_seed_figures(tmp_path):
 
 
 def test_a_run_cut_off_or_never_started_says_so(tmp_path):
-    cut = ls.Run("a-s1", [], tmp_path / "a", cut_off=True)
+    cut = ls.Run("a-s1", [], tmp_path / "a", "a", cut_off=True)
     cut.proc = object()
     cut.metrics.parent.mkdir(parents=True)
     cut.metrics.write_text('{"step": 0, "val/accuracy": 0.25}\n{"step": 1, "rollout/reward_mean": 0.1}\n')
-    waiting = ls.Run("a-s2", [], tmp_path / "b")
+    waiting = ls.Run("a-s2", [], tmp_path / "b", "a")
     summary = ls.summarize_runs([cut, waiting])
     assert summary["runs"]["a-s1"]["cut_off_at_step"] == 1
     assert summary["runs"]["a-s2"] == {"gpu": None, "exit": None, "not_started": True}
