@@ -5,6 +5,7 @@
     python3 tests/gpu/run_all_summary.py merge OUT_JSON PART_JSON...
     python3 tests/gpu/run_all_summary.py merge-ran OUT_JSON PART_JSON...
     python3 tests/gpu/run_all_summary.py code
+    python3 tests/gpu/run_all_summary.py status [SUMMARY_JSON]
 
 `add` reads pytest's closing lines ("3 passed, 1 failed, 2 skipped in ...") from the suite's log
 (a suite without pytest, a benchmark, counts its exit status as one check), keeps the figure
@@ -16,7 +17,9 @@ and exits 1 when any suite failed, skipped, did not run to its end, or ran other
 one: the last record of each suite wins, and it is green only when every suite of run_all.sh is
 there, green, and ran the code of this checkout, so the parts add up to one commit's run even when
 no single machine ran them all; `merge-ran` writes the same, but its exit status judges only the
-suites that ran (run_all.sh side-by-side of some parts). `code` prints this checkout's fingerprint.
+suites that ran (run_all.sh side-by-side of some parts). `code` prints this checkout's fingerprint;
+`status` says whether a merged summary (default docs/data/gpu_run_all.json, the last green run
+kept in the repository) is green on this checkout's code, and which files the GPU runs changed since.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed|skipped|errors?|deselected).*) in [\d.]+s")
 DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+::\S+)$")
 ROOT = Path(__file__).resolve().parents[2]
+RECORDED = "docs/data/gpu_run_all.json"  # the last green run_all, merged
 # What the GPU runs: a change elsewhere (docs, the CPU tests) leaves earlier GPU results standing.
 CODE = ("rlinf", "benchmarks", "examples", "tests/gpu", "tests/fixtures", "pyproject.toml")
 CODE_SUFFIXES = {".py", ".sh", ".yaml", ".yml", ".json", ".toml", ".txt", ".cfg"}
@@ -70,14 +74,42 @@ def code_files(root: Path) -> list[Path]:
     )
 
 
-def code_fingerprint(root: Path = ROOT) -> str:
-    """sha256 (first 16 hex digits) over the paths and bytes of the code the GPU runs under `root`:
-    equal on a git checkout and on the copy of its working tree a GPU machine gets."""
-    digest = hashlib.sha256()
-    for path in code_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+def code_digests(root: Path = ROOT) -> dict[str, str]:
+    """Each file of the code the GPU runs under `root`: its path and sha256 (first 16 hex digits)."""
+    return {
+        path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        for path in code_files(root)
+    }
+
+
+def code_fingerprint(root: Path = ROOT, digests: dict[str, str] | None = None) -> str:
+    """One digest of `code_digests`: equal on a git checkout and on the copy of its working tree a
+    GPU machine gets."""
+    listing = json.dumps(sorted((digests or code_digests(root)).items()))
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+def changed_files(recorded: dict[str, str], now: dict[str, str]) -> dict[str, list[str]]:
+    return {
+        "changed": sorted(k for k in recorded.keys() & now.keys() if recorded[k] != now[k]),
+        "added": sorted(now.keys() - recorded.keys()),
+        "removed": sorted(recorded.keys() - now.keys()),
+    }
+
+
+def status_line(summary_path: Path, root: Path = ROOT) -> str:
+    """Whether the recorded run_all summary is green on the code of `root`, and if not, why."""
+    if not summary_path.is_file():
+        return f"GPU checks: no run_all summary at {summary_path}"
+    summary = json.loads(summary_path.read_text())
+    if not green(summary):
+        return f"GPU checks: the run_all summary at {summary_path} is not green"
+    now = code_digests(root)
+    if summary["code"] == code_fingerprint(root, now):
+        return f"GPU checks: green on this code ({summary['code']}, {summary_path})"
+    diff = changed_files(summary.get("files", {}), now)
+    names = [f"{kind}: {', '.join(files)}" for kind, files in diff.items() if files]
+    return f"GPU checks: green on code {summary['code']}, not on this code; since then {'; '.join(names)}"
 
 
 def pytest_counts(log: str) -> dict[str, int] | None:
@@ -131,9 +163,10 @@ def totals(suites: list[dict]) -> dict:
     }
 
 
-def merged(parts: list[dict], code: str) -> dict:
+def merged(parts: list[dict], code: str, files: dict[str, str] | None = None) -> dict:
     """One summary from several machines' summaries (later parts win per suite), judged against the
-    code fingerprint `code` and run_all.sh's whole list of suites."""
+    code fingerprint `code` (whose per-file digests `files` it keeps) and run_all.sh's whole list of
+    suites."""
     latest: dict[str, dict] = {}
     for part in parts:
         for record in part["suites"]:
@@ -142,6 +175,7 @@ def merged(parts: list[dict], code: str) -> dict:
     suites += [r for name, r in latest.items() if name not in SUITES]
     return {
         "code": code,
+        "files": files or {},
         "suites": suites,
         "totals": totals(suites),
         "not_green": not_green(suites),
@@ -171,7 +205,7 @@ def main(argv: list[str]) -> int:
     if action == "code":
         print(code_fingerprint())
         return 0
-    summary = Path(argv[1])
+    summary = Path(argv[1]) if len(argv) > 1 else ROOT / RECORDED
     if action == "add":
         suite, rc, seconds, log, figures, first = argv[2:8]
         text = Path(log).read_text(errors="replace") if Path(log).is_file() else ""
@@ -181,8 +215,14 @@ def main(argv: list[str]) -> int:
         short = {k: v for k, v in record.items() if k != "figures"}
         print(f"run_all: {json.dumps(short)}", flush=True)
         return 0
+    if action == "status":  # informational: never fails (a CPU machine cannot rerun the GPU checks)
+        print(status_line(summary))
+        return 0
     if action in ("merge", "merge-ran"):
-        out = merged([json.loads(Path(p).read_text()) for p in argv[2:]], code_fingerprint())
+        digests = code_digests()
+        out = merged(
+            [json.loads(Path(p).read_text()) for p in argv[2:]], code_fingerprint(digests=digests), digests
+        )
         summary.write_text(json.dumps(out, indent=1) + "\n")
         print(
             f"run_all: totals {json.dumps(out['totals'])}; not green: {out['not_green'] or 'none'}; "

@@ -142,3 +142,25 @@ def test_one_machines_summary_of_parts_that_ran_different_code_is_not_green(tmp_
     out = tmp_path / "out.json"
     assert summary.main(["show", str(lines), str(out)]) == 1
     assert json.loads(out.read_text())["not_green"] == ["engine", "loop"]
+
+
+def test_status_says_whether_the_recorded_green_run_covers_this_code_and_what_changed(tmp_path):
+    root = tmp_path / "repo"
+    for name in ("rlinf/a.py", "rlinf/b.py", "tests/gpu/run.sh"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    recorded = tmp_path / "gpu_run_all.json"
+    assert summary.status_line(recorded, root).startswith("GPU checks: no run_all summary")
+    digests = summary.code_digests(root)
+    code = summary.code_fingerprint(root)
+    run = summary.merged([{"suites": [_record(n, code) for n in summary.SUITES]}], code, digests)
+    recorded.write_text(json.dumps(run))
+    assert summary.status_line(recorded, root).startswith(f"GPU checks: green on this code ({code}")
+    (root / "rlinf/a.py").write_text("changed")
+    (root / "rlinf/c.py").write_text("new")
+    (root / "rlinf/b.py").unlink()
+    line = summary.status_line(recorded, root)
+    assert line.endswith("since then changed: rlinf/a.py; added: rlinf/c.py; removed: rlinf/b.py"), line
+    run["suites"][0]["failed"] = 1
+    recorded.write_text(json.dumps(summary.merged([run], code, digests)))
+    assert "is not green" in summary.status_line(recorded, root)
