@@ -103,7 +103,13 @@ run_suite() {
 
 side_by_side() {
   local wanted=" " name gpus g i=0 free
-  for name in "$@"; do wanted+="${PART_SUITES[$name]:-$name} "; done
+  for name in "$@"; do
+    if [ -z "${PART_SUITES[$name]:-}" ] && [[ " $SUITES " != *" $name "* ]]; then
+      echo "run_all side-by-side: $name is neither a part nor a suite ($SUITES)" >&2
+      return 2
+    fi
+    wanted+="${PART_SUITES[$name]:-$name} "
+  done
   [ "$wanted" = " " ] && wanted=" $SUITES "
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   if [ "$gpus" -lt 2 ]; then
@@ -132,7 +138,7 @@ side_by_side() {
     echo "== run_all side-by-side: $name on GPU $free (its output: $OUT/$name.out, $OUT/$name/)"
   done
   wait
-  python3 $here/run_all_summary.py merge-ran "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json
+  python3 $here/run_all_summary.py merge-some "$wanted" "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json
 }
 
 part=${1:-all}

@@ -3,7 +3,7 @@
     python3 tests/gpu/run_all_summary.py add SUMMARY SUITE RC SECONDS LOG FIGURES FIRST_FIGURE_LINE
     python3 tests/gpu/run_all_summary.py show SUMMARY OUT_JSON
     python3 tests/gpu/run_all_summary.py merge OUT_JSON PART_JSON...
-    python3 tests/gpu/run_all_summary.py merge-ran OUT_JSON PART_JSON...
+    python3 tests/gpu/run_all_summary.py merge-some "SUITE..." OUT_JSON PART_JSON...
     python3 tests/gpu/run_all_summary.py code
     python3 tests/gpu/run_all_summary.py status [SUMMARY_JSON]
 
@@ -16,8 +16,8 @@ and exits 1 when any suite failed, skipped, did not run to its end, or ran other
 `merge` joins the summaries of parts run on several machines (one per device session, say) into
 one: the last record of each suite wins, and it is green only when every suite of run_all.sh is
 there, green, and ran the code of this checkout, so the parts add up to one commit's run even when
-no single machine ran them all; `merge-ran` writes the same, but its exit status judges only the
-suites that ran (run_all.sh side-by-side of some parts). `code` prints this checkout's fingerprint;
+no single machine ran them all; `merge-some` writes the same, but its exit status judges only the
+suites it names (run_all.sh side-by-side of some parts): each there, green, on this code. `code` prints this checkout's fingerprint;
 `status` says whether a merged summary (default docs/data/gpu_run_all.json, the last green run
 kept in the repository) is green on this checkout's code, and which files the GPU runs changed since.
 """
@@ -218,7 +218,9 @@ def main(argv: list[str]) -> int:
     if action == "status":  # informational: never fails (a CPU machine cannot rerun the GPU checks)
         print(status_line(summary))
         return 0
-    if action in ("merge", "merge-ran"):
+    if action in ("merge", "merge-some"):
+        named = argv.pop(1).split() if action == "merge-some" else list(SUITES)
+        summary = Path(argv[1])
         digests = code_digests()
         out = merged(
             [json.loads(Path(p).read_text()) for p in argv[2:]], code_fingerprint(digests=digests), digests
@@ -230,9 +232,11 @@ def main(argv: list[str]) -> int:
             f"{out['other_code'] or 'none'}",
             flush=True,
         )
-        if action == "merge-ran":  # the suites that ran: green when they are (run_all.sh side-by-side)
-            return 1 if out["not_green"] or out["other_code"] else 0
-        return 0 if green(out) else 1
+        # merge-some (run_all.sh side-by-side of some parts): green when the named suites are
+        judged = {**out, "missing": [n for n in out["missing"] if n in named]}
+        judged["not_green"] = [n for n in out["not_green"] if n in named]
+        judged["other_code"] = [n for n in out["other_code"] if n in named]
+        return 0 if green(judged) else 1
     suites = [json.loads(line) for line in summary.read_text().splitlines()] if summary.is_file() else []
     codes = sorted({s.get("code") for s in suites})
     bad = not_green(suites)

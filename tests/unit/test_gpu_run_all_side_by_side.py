@@ -84,6 +84,11 @@ def test_side_by_side_of_some_parts_judges_those_names_the_rest_and_refuses_one_
     (tmp_path / "tests/gpu/sglang_gpu_checks.sh").write_text(STAND_IN.replace("1 passed", "1 failed"))
     shutil.rmtree(tmp_path / "out")
     assert _run(tmp_path, env, "side-by-side", "engine").returncode == 1
+    (tmp_path / "tests/gpu/sglang_gpu_checks.sh").write_text("#!/usr/bin/env bash\nkill -9 $PPID\n")
+    shutil.rmtree(tmp_path / "out")  # a suite whose run_all dies leaves no summary: it is missing, red
+    assert _run(tmp_path, env, "side-by-side", "engine", "optim").returncode == 1
+    wrong = _run(tmp_path, env, "side-by-side", "enigne")
+    assert wrong.returncode == 2 and "enigne is neither a part nor a suite" in wrong.stderr
     one = tmp_path / "one"
     refused = _run(one, _fake_repo(one, gpus=1), "side-by-side")
     assert refused.returncode == 2 and "needs two or more GPUs, this machine shows 1" in refused.stderr
