@@ -38,6 +38,9 @@ def ensure_tokenizer(model_dir: str | Path) -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_STARTED: list[subprocess.Popen] = []  # every run start_recipe started in this process
+
+
 def start_recipe(
     recipe: str, overrides: list[str], log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
@@ -45,12 +48,27 @@ def start_recipe(
     process group of its own so that `kill_run` stops the whole run (Ray workers, engines) together."""
     cmd = [sys.executable, str(ROOT / "examples/reasoning/main_grpo.py"), recipe, *overrides]
     with Path(log).open("w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=env)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=env)
+    _STARTED.append(proc)
+    return proc
 
 
 def kill_run(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def stop_runs_on_sigterm() -> None:
+    """A SIGTERM to this benchmark (a caller's `timeout`) stops the runs it started too: in groups of
+    their own they would not hear it, and would hold the GPU after the benchmark is gone."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for proc in _STARTED:
+            kill_run(proc)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 class GcTime:

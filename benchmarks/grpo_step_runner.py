@@ -30,14 +30,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import ROOT, kill_run, start_recipe
+from benchmarks._common import ROOT, kill_run, start_recipe, stop_runs_on_sigterm
+
+BENCH_DIR = (
+    Path(tempfile.gettempdir()) / "rlinf-bench"
+)  # under TMPDIR: run_all.sh side-by-side gives each its own
 
 PHASES = ("rollout", "reward", "logprobs", "train", "weight_sync")
 TRANSITIONS = (
@@ -296,13 +302,18 @@ def build_checkpoint(path: Path, layers: int = 4) -> Path:
         return path
     from rlinf.models.slice import moonlight_slice_config
 
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # renamed into place when whole
     subprocess.run(
-        [sys.executable, "-m", "rlinf.models.slice", "--out", str(path), "--layers", str(layers),
+        [sys.executable, "-m", "rlinf.models.slice", "--out", str(staging), "--layers", str(layers),
          "--dtype", "bf16", "--device", "cuda"],
         cwd=ROOT, check=True,
     )  # fmt: skip
     fields = moonlight_slice_config(layers)
-    word_level_tokenizer(path, fields["vocab_size"], fields["eos_token_id"])
+    word_level_tokenizer(staging, fields["vocab_size"], fields["eos_token_id"])
+    try:
+        staging.rename(path)
+    except OSError:  # another process put a whole one there first
+        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
@@ -348,9 +359,9 @@ def main() -> None:
         help="slice depth (rlinf.models.memory_plan says what trains on one GPU)",
     )
     parser.add_argument(
-        "--checkpoint", default=None, help="default /tmp/rlinf-bench/moonlight-slice-<layers>l-tok"
+        "--checkpoint", default=None, help="default $TMPDIR/rlinf-bench/moonlight-slice-<layers>l-tok"
     )
-    parser.add_argument("--work-dir", default="/tmp/rlinf-bench/grpo-step-runner")
+    parser.add_argument("--work-dir", default=str(BENCH_DIR / "grpo-step-runner"))
     parser.add_argument("--actor", default="megatron", choices=("megatron", "torch"))
     parser.add_argument("--rollout", default="sglang", choices=("sglang", "torch"))
     parser.add_argument("--prompts", type=int, default=32)
@@ -394,6 +405,7 @@ def main() -> None:
         print(json.dumps({"plot": path, "rows": len(rows)}))
         return
 
+    deadline = time.perf_counter() + args.timeout  # the slice build counts: the caller's timeout does
     if args.smoke:
         checkpoint, args.vocab = "tiny://bootstrap", 10
         args.prompts, args.group_size, args.prompt_len, args.new_tokens = 2, 2, 64, 8
@@ -402,7 +414,7 @@ def main() -> None:
     else:
         from rlinf.models.slice import moonlight_slice_config
 
-        path = args.checkpoint or f"/tmp/rlinf-bench/moonlight-slice-{args.layers}l-tok"
+        path = args.checkpoint or BENCH_DIR / f"moonlight-slice-{args.layers}l-tok"
         checkpoint = build_checkpoint(Path(path), args.layers)
         args.vocab = moonlight_slice_config(args.layers)["vocab_size"]
     result: dict[str, Any] = {
@@ -431,7 +443,6 @@ def main() -> None:
         for p in args.sweep_prompts.split(",")
         if p
     ]
-    deadline = time.perf_counter() + args.timeout
     for i, (key, prompts, new_tokens, tag, extra, varied) in enumerate(plan):
         share = (deadline - time.perf_counter()) / (len(plan) - i)  # what is left, split over the runs left
         row = run_once(args, checkpoint, prompts, new_tokens, tag, extra, timeout=max(share, 1.0))
@@ -448,4 +459,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    stop_runs_on_sigterm()
     main()

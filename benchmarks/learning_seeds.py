@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks._common import emit, kill_run, start_recipe
+from benchmarks._common import emit, kill_run, start_recipe, stop_runs_on_sigterm
 from benchmarks.learning_curves import plot, read_rows, series, summarize
 
 RUNS_PER_GPU = 3
@@ -236,4 +236,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_runs_on_sigterm()
     raise SystemExit(main())

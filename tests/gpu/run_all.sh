@@ -16,8 +16,9 @@
 #                                      served by SGLang                     (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
 #                                      offloaded between phases              (not yet timed; <= 560 s)
-#   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice, then the routing-replay
-#                                      step                                  (not yet timed; <= 580 s)
+#   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice (about 260 s on a fresh
+#                                      machine: startup 216 s, then 11.9 s a step)
+#   bash tests/gpu/run_all.sh replay   the routing-replay step (about 210 s on a warm machine)
 #   bash tests/gpu/run_all.sh SUITE    one suite of a part (the names in SUITES below)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
@@ -32,7 +33,7 @@
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
 # Ray, Megatron), each in a call of its own (`engine` installs .whl itself, the others .whl2), back
-# to back on one warm machine: te, engine, actor, pack, sync, export, loop, step; or te, install (.whl),
+# to back on one warm machine: te, engine, actor, pack, sync, export, loop, step, replay; or te, install (.whl),
 # install (.whl2), side-by-side.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
@@ -55,7 +56,7 @@ here=tests/gpu
 
 SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts sync hf-export loop step routing-replay-step"
 declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron-grpo"
-  [pack]="pack grouped-experts" [sync]="sync" [export]="hf-export" [loop]="loop" [step]="step routing-replay-step"
+  [pack]="pack grouped-experts" [sync]="sync" [export]="hf-export" [loop]="loop" [step]="step" [replay]="routing-replay-step"
   [all]="$SUITES")
 # Longest first, for side-by-side's queue
 BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine pack grouped-experts megatron-grpo"
@@ -92,11 +93,11 @@ run_suite() {
     loop) suite loop "$sglang_figures" sglang loop ;;
     step)  # figures: each step's rows (benchmarks/grpo_step_runner.py)
       rm -rf "$tmp/sglang-checks/step-step"
-      suite step "$tmp/sglang-checks/step-step/rows.jsonl" env STEP_TAG=step STEP_TIMEOUT=300 \
+      suite step "$tmp/sglang-checks/step-step/rows.jsonl" env STEP_TAG=step STEP_TIMEOUT=560 \
         OUT="$tmp/sglang-checks" bash $here/sglang_gpu_checks.sh step --steps 3 ;;
     routing-replay-step)
       rm -rf "$tmp/sglang-checks/step-replay"
-      suite routing-replay-step "$tmp/sglang-checks/step-replay/rows.jsonl" env STEP_TAG=replay STEP_TIMEOUT=280 \
+      suite routing-replay-step "$tmp/sglang-checks/step-replay/rows.jsonl" env STEP_TAG=replay STEP_TIMEOUT=560 \
         OUT="$tmp/sglang-checks" bash $here/sglang_gpu_checks.sh step --routing-replay replay ;;
   esac
 }
@@ -158,7 +159,7 @@ case "$part" in
     suites=${PART_SUITES[$part]:-}
     [[ " $SUITES " == *" $part "* ]] && suites=$part
     if [ -z "$suites" ]; then
-      echo "usage: $0 engine|actor|pack|sync|export|loop|step|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
+      echo "usage: $0 engine|actor|pack|sync|export|loop|step|replay|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
       exit 2
     fi
     for name in $suites; do run_suite "$name"; done ;;

@@ -189,6 +189,7 @@ case "${1:-}" in
     # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
     use_project_stack
     work=$tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
+    rm -f "$work/rows.jsonl"  # this call's rows only
     timeout "$limit" python3 -m benchmarks.grpo_step_runner --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
       tee "$OUT/grpo_step_runner${STEP_TAG:+-$STEP_TAG}.log" | tail -n 40
     status=${PIPESTATUS[0]}

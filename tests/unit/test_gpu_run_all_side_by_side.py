@@ -76,7 +76,7 @@ def test_side_by_side_runs_each_suite_once_alone_on_its_gpu_and_merges_one_summa
 
 def test_side_by_side_of_some_parts_judges_those_names_the_rest_and_refuses_one_gpu(tmp_path):
     env = _fake_repo(tmp_path, gpus=2)
-    done = _run(tmp_path, env, "side-by-side", "engine", "step")
+    done = _run(tmp_path, env, "side-by-side", "engine", "step", "replay")
     assert done.returncode == 0, done.stdout + done.stderr  # the suites that ran are green
     whole = json.loads((tmp_path / "out/run_all_summary.json").read_text())
     assert [s["suite"] for s in whole["suites"]] == ["engine", "step", "routing-replay-step"]
