@@ -76,7 +76,7 @@ case "$mode" in
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
   actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
   te-free-spec) run env RLINF_MEGATRON_TE=off timeout 120 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k spec 2>&1 | tail -n 20 ;;
-  grpo|all) run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
+  grpo|all) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
   bench|all) bench --profile $tmp/actor-profile "${@:2}" ;;
   grouped)
     # HF (torch actor) and Megatron with grouped experts in one run, then the checks, then

@@ -33,7 +33,7 @@ def test_grpo_steps_with_the_megatron_actor(megatron_installed, request, tmp_pat
         steps=STEPS,
         step_key="actor/loss",
         required=("rollout/reward_mean", "rollout/logprob_abs_diff", "actor/grad_norm"),
-        timeout=400,
+        timeout=270,  # inside the script's 300 s: a slow run still reports its log tail
     )
     record(
         "GRPO through the runner: megatron actor (bf16) + torch rollout (bf16), one H200",
