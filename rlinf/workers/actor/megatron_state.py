@@ -235,18 +235,16 @@ class MegatronActorState:
         try:
             loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
             self._check_same_layout(path, loop)
-            if weights_only:
-                state = dist_checkpointing.load(self._sharded_state(True, weights_only=True), str(ckpt))
-                with torch.no_grad():
-                    self.model[0].module.load_state_dict(state["model"])
-                return
-            if not self.te_available:
+            if not (weights_only or self.te_available):
                 ensure_adam_states(self.optimizer)
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(ckpt))
+            state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(ckpt))
+            with torch.no_grad():
+                self.model[0].module.load_state_dict(state["model"])
+            if weights_only:  # an export: no optimizer state, RNG or counters
+                return
             # The optimizer copies into main params that require grad (fp32: the model's own).
             _with_peak_lr(state["optimizer"], self.cfg.actor.optim.lr)
             with torch.no_grad():
-                self.model[0].module.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             rng = torch.load(path / RNG_FILE.format(rank=dist.get_rank()), weights_only=False)
         except CheckpointError:
