@@ -41,9 +41,8 @@ from typing import Any
 
 from benchmarks._common import ROOT, kill_run, start_recipe, stop_runs_on_sigterm
 
-BENCH_DIR = (
-    Path(tempfile.gettempdir()) / "rlinf-bench"
-)  # under TMPDIR: run_all.sh side-by-side gives each its own
+# Under TMPDIR: run_all.sh side-by-side gives each suite its own
+BENCH_DIR = Path(tempfile.gettempdir()) / "rlinf-bench"
 
 PHASES = ("rollout", "reward", "logprobs", "train", "weight_sync")
 TRANSITIONS = (

@@ -47,6 +47,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-$tmp/sglang-checks}
 mkdir -p "$OUT"
 export RLINF_GPU_FIGURES=$OUT/sglang_figures.jsonl RLINF_GPU_TEST_DIR=$tmp/rlinf-gpu-ckpt
+PYTEST=(python3 -m pytest -q -s -p no:cacheprovider --durations=8)
 status=0
 
 source tests/gpu/provision.sh
@@ -75,7 +76,7 @@ case "${1:-}" in
     use_pytest || exit 1
     budget=560
     [ "$1" = engine+bench ] && budget=300
-    timeout $budget python3 -m pytest -q -s -p no:cacheprovider --durations=8 tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
+    timeout $budget "${PYTEST[@]}" tests/gpu/test_sglang_signatures.py tests/gpu/test_sglang_hooks_gpu.py \
       tests/gpu/test_sglang_engine_gpu.py tests/gpu/test_sglang_slice.py 2>&1 | tee "$OUT/pytest_engine.log" | tail -n 60
     status=${PIPESTATUS[0]}
     if [ "$1" = engine+bench ]; then
@@ -158,7 +159,7 @@ case "${1:-}" in
     if [ "${FRESH_KERNEL_CACHES:-0}" = 1 ]; then
       export TRITON_CACHE_DIR=$(mktemp -d $tmp/triton-cache.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d $tmp/inductor-cache.XXXX)
     fi
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 \
+    timeout 560 "${PYTEST[@]}" \
       tests/gpu/test_sglang_grpo.py "${@:2}" 2>&1 | tee "$OUT/pytest_loop.log" | tail -n 60
     status=${PIPESTATUS[0]}
     save_ray_logs
@@ -167,7 +168,7 @@ case "${1:-}" in
     use_project_stack
     use_pytest || exit 1
     use_tiny_checkpoint .h11-tiny
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 tests/gpu/test_sglang_megatron_sync.py \
+    timeout 560 "${PYTEST[@]}" tests/gpu/test_sglang_megatron_sync.py \
       2>&1 | tee "$OUT/pytest_sync.log" | tail -n 60
     status=${PIPESTATUS[0]}
     ;;
@@ -177,7 +178,7 @@ case "${1:-}" in
     use_project_stack
     use_pytest || exit 1
     df -h "$tmp" | tail -n 1
-    timeout 560 python3 -m pytest -q -s -p no:cacheprovider --durations=8 -o tmp_path_retention_policy=failed \
+    timeout 560 "${PYTEST[@]}" -o tmp_path_retention_policy=failed \
       tests/gpu/test_hf_export_gpu.py 2>&1 | tee "$OUT/pytest_export.log" | tail -n 60
     status=${PIPESTATUS[0]}
     ;;
