@@ -29,6 +29,9 @@
 #       summary; their summaries merged into $OUT/run_all_summary.json (non-zero exit: a suite that
 #       ran is not green; the suites not named are listed as missing). With few GPUs, name parts
 #       that fit one command (e.g. 2 GPUs: `side-by-side engine actor`, then `pack sync`, ...).
+#       SUITES_PER_GPU=N lets N suites share a GPU, for the suites that size nothing from the GPU's
+#       free memory and time nothing ($SHARES_A_GPU): on one H200,
+#       `SUITES_PER_GPU=4 bash tests/gpu/run_all.sh side-by-side actor grouped-experts`.
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
@@ -60,6 +63,9 @@ declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron
   [all]="$SUITES")
 # Longest first, for side-by-side's queue
 BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine pack grouped-experts megatron-grpo"
+# The suites that may share a GPU (SUITES_PER_GPU > 1): SGLang sizes its KV cache from the memory
+# free when it starts, and pack times its benchmarks, so those run alone on theirs.
+SHARES_A_GPU="megatron-actor optim megatron-grpo grouped-experts"
 
 # suite NAME FIGURES_FILE COMMAND...: run it, keep its log under $OUT, add its record to the summary
 suite() {
@@ -103,7 +109,7 @@ run_suite() {
 }
 
 side_by_side() {
-  local wanted=" " name gpus g i=0 free
+  local wanted=" " name gpus slots slot i=0 free per_gpu=${SUITES_PER_GPU:-1}
   for name in "$@"; do
     if [ -z "${PART_SUITES[$name]:-}" ] && [[ " $SUITES " != *" $name "* ]]; then
       echo "run_all side-by-side: $name is neither a part nor a suite ($SUITES)" >&2
@@ -112,31 +118,44 @@ side_by_side() {
     wanted+="${PART_SUITES[$name]:-$name} "
   done
   [ "$wanted" = " " ] && wanted=" $SUITES "
+  if ! [[ $per_gpu =~ ^[1-9][0-9]*$ ]]; then
+    echo "run_all side-by-side: SUITES_PER_GPU=$per_gpu is not a whole number >= 1" >&2
+    return 2
+  fi
+  if [ "$per_gpu" -gt 1 ]; then
+    for name in $wanted; do
+      if [[ " $SHARES_A_GPU " != *" $name "* ]]; then
+        echo "run_all side-by-side: $name cannot share a GPU (SUITES_PER_GPU=$per_gpu); those that can: $SHARES_A_GPU" >&2
+        return 2
+      fi
+    done
+  fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  if [ "$gpus" -lt 2 ]; then
-    echo "run_all side-by-side: needs two or more GPUs, this machine shows $gpus; run the parts one by one" >&2
+  slots=$((gpus * per_gpu))
+  if [ "$slots" -lt 2 ]; then
+    echo "run_all side-by-side: needs two or more GPUs, this machine shows $gpus; run the parts one by one, or set SUITES_PER_GPU for $SHARES_A_GPU" >&2
     return 2
   fi
   source $here/provision.sh
   use_wheel_folders .whl .wray .wmeg .whl2 || return 1  # once, before the suites start
   export RLINF_KITS_READY=1
-  local -a holder=()  # holder[g]: the suite process on GPU g
+  local -a holder=()  # holder[slot]: the suite process in that slot; slot s is on GPU s % gpus
   for name in $BY_LENGTH; do
     [[ $wanted == *" $name "* ]] || continue
     while :; do
       free=""
-      for ((g = 0; g < gpus; g++)); do
-        if [ -z "${holder[$g]:-}" ] || ! kill -0 "${holder[$g]}" 2>/dev/null; then free=$g; break; fi
+      for ((slot = 0; slot < slots; slot++)); do
+        if [ -z "${holder[$slot]:-}" ] || ! kill -0 "${holder[$slot]}" 2>/dev/null; then free=$slot; break; fi
       done
       [ -n "$free" ] && break
       wait -n
     done
     mkdir -p "$tmp/gpu-$name" "$OUT/$name"
-    CUDA_VISIBLE_DEVICES=$free TMPDIR=$tmp/gpu-$name MASTER_PORT=$((29600 + 20 * i)) OUT=$OUT/$name \
+    CUDA_VISIBLE_DEVICES=$((free % gpus)) TMPDIR=$tmp/gpu-$name MASTER_PORT=$((29600 + 20 * i)) OUT=$OUT/$name \
       SUMMARY=$tmp/gpu-$name/summary.jsonl bash $here/run_all.sh "$name" >"$OUT/$name.out" 2>&1 &
     holder[$free]=$!
     i=$((i + 1))
-    echo "== run_all side-by-side: $name on GPU $free (its output: $OUT/$name.out, $OUT/$name/)"
+    echo "== run_all side-by-side: $name on GPU $((free % gpus)) (its output: $OUT/$name.out, $OUT/$name/)"
   done
   wait
   python3 $here/run_all_summary.py merge-some "$wanted" "$OUT/run_all_summary.json" "$OUT"/*/run_all_summary.json

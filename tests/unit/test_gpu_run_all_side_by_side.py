@@ -103,3 +103,34 @@ def test_a_suite_runs_alone_by_name_and_an_unknown_part_is_refused(tmp_path):
     ] == ["optim"]
     wrong = _run(tmp_path, env, "optimm")
     assert wrong.returncode == 2 and "usage:" in wrong.stderr
+
+
+def _most_at_once(ledger: Path, gpu: str) -> int:
+    """The most suites that ran on `gpu` at one time, from the stand-ins' start/end lines."""
+    events = []
+    for line in ledger.read_text().splitlines():
+        when, kind, on, *_ = line.split()
+        if on == gpu:
+            events.append((float(when), 1 if kind == "start" else -1))
+    running = most = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start at one instant
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_suites_per_gpu_shares_one_gpu_among_the_suites_that_can_and_refuses_the_others(tmp_path):
+    env = _fake_repo(tmp_path, gpus=1)
+    done = _run(tmp_path, {**env, "SUITES_PER_GPU": "2"}, "side-by-side", "actor", "grouped-experts")
+    assert done.returncode == 0, done.stdout + done.stderr
+    whole = json.loads((tmp_path / "out/run_all_summary.json").read_text())
+    shared = ["megatron-actor", "optim", "megatron-grpo", "grouped-experts"]
+    assert [s["suite"] for s in whole["suites"]] == shared and whole["not_green"] == []
+    assert _most_at_once(tmp_path / "ledger", "0") == 2  # two at a time on GPU 0, never three
+    for refused_part, per_gpu, why in (
+        ("engine", "2", "engine cannot share a GPU (SUITES_PER_GPU=2)"),
+        ("pack", "3", "pack cannot share a GPU (SUITES_PER_GPU=3)"),
+        ("optim", "0", "SUITES_PER_GPU=0 is not a whole number >= 1"),
+    ):
+        refused = _run(tmp_path, {**env, "SUITES_PER_GPU": per_gpu}, "side-by-side", refused_part)
+        assert refused.returncode == 2 and why in refused.stderr, refused.stderr
