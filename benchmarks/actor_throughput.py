@@ -200,12 +200,11 @@ def measure(
     profile: Path | None = None,
     host: bool = False,
     label: str | None = None,
-    logprobs: bool = False,
 ) -> tuple[list[dict], dict | None]:
     """One actor, one warm-up `train` call, then `repeats` runs of `shape.steps` timed calls (each
     followed by one profiled call with `profile`); (the runs' figures, the actor's spec or None).
-    `label`: the run's name in the results (a variant's), for its trace files. `logprobs`: each run
-    also times one `compute_logprobs` call over the same batch."""
+    `label`: the run's name in the results (a variant's), for its trace files. Each run also times
+    one `compute_logprobs` call over the same batch (the step's logprob phase)."""
     if backend == "megatron":
         from rlinf.workers.actor.megatron_actor import MegatronActor as Actor
     else:
@@ -238,19 +237,27 @@ def measure(
             "tflop_per_s": shape.flops / seconds / 1e12,
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
-        if logprobs:
-            start = time.perf_counter()
-            actor.compute_logprobs(data)
-            torch.cuda.synchronize()
-            figures["seconds_per_logprob_call"] = time.perf_counter() - start
+        start = time.perf_counter()
+        actor.compute_logprobs(data)
+        torch.cuda.synchronize()
+        figures["seconds_per_logprob_call"] = time.perf_counter() - start
         if profile:
             trace = profile_train_call(actor, data, profile / f"{file_name}.run{run}.trace.json", host)
             figures.update(profiled_figures(trace), profile_one_train_call=trace)
         runs.append(figures)
+    release(actor)
+    return runs, spec
+
+
+def release(actor) -> None:
+    """Free the actor's GPU memory before the next actor is measured, so that each one's peak is its
+    own. `del` alone does not: megatron-core's DDP and optimizer stay reachable from the gradient
+    hooks they put on autograd nodes, which the collector cannot see through. Offloading moves their
+    buffers and state to the host, where the leak costs only host memory."""
+    actor.offload()
     del actor
     gc.collect()
     torch.cuda.empty_cache()
-    return runs, spec
 
 
 def profiled_figures(trace: dict) -> dict:
@@ -454,7 +461,6 @@ def main() -> None:
                 args.profile,
                 args.profile_host,
                 label=name,
-                logprobs=args.emulate_rank,
             )
         result[name] = {
             **({"spec": spec["spec"], "routed_experts": spec["routed_experts"]} if spec else {}),
@@ -468,12 +474,14 @@ def main() -> None:
 
 
 def emulated_model(recipe: str, model_path: str, precision: str) -> ModelConfig:
-    """The recipe's actor.model (its layout, dispatcher, grouped GEMM, recompute) on `model_path`."""
+    """The recipe's actor.model (its layout, dispatcher, grouped GEMM, recompute) on `model_path`, a
+    folder with the published config.json alone: transformers' own DeepSeek-V3 config reads it, so the
+    recipe's trust_remote_code (Moonlight's tokenizer needs it) is off here."""
     from rlinf.config.loader import compose_recipe
     from rlinf.config.typed import from_dict
 
     model = from_dict(ModelConfig, compose_recipe(recipe)["actor"]["model"], "actor.model")
-    return replace(model, model_path=model_path, precision=precision)
+    return replace(model, model_path=model_path, precision=precision, trust_remote_code=False)
 
 
 def emulated_layout(model: ModelConfig) -> dict:
@@ -505,8 +513,9 @@ def predicted_step(args, config: dict, measured: dict) -> dict:
 
 
 def with_speedups(result: dict) -> dict:
-    """`result` plus each measured Megatron actor's tokens/s over the HF actor's, when both ran
-    (the run's other entries, e.g. megatron_settings, are not actors)."""
+    """`result` plus each measured Megatron actor's train tokens/s over the HF actor's and its logprob
+    pass's speed over HF's (HF's seconds over its own), when both ran (the run's other entries, e.g.
+    megatron_settings, are not actors)."""
     hf = result.get("torch")
     actors = [
         n
@@ -518,6 +527,12 @@ def with_speedups(result: dict) -> dict:
     return {
         **result,
         **{f"{n}_speedup_vs_hf": result[n]["tokens_per_s"] / hf["tokens_per_s"] for n in actors},
+        **{
+            f"{n}_logprob_speedup_vs_hf": hf["seconds_per_logprob_call"]
+            / result[n]["seconds_per_logprob_call"]
+            for n in actors
+            if "seconds_per_logprob_call" in result[n] and "seconds_per_logprob_call" in hf
+        },
     }
 
 

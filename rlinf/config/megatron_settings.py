@@ -190,18 +190,18 @@ def expert_problems(m: ModelConfig, *, te_available: bool) -> list[str]:
 def recompute_modules(
     modules, granularity: str | None, keeps_moe_act: bool, warnings: list[str]
 ) -> list[str] | None:
-    """Selective recompute's module list. megatron-core recomputes `moe_act` only inside TE's
-    grouped-GEMM experts (TEGroupedMLP); the TE-free SequentialMLP refuses it ("only supported with
-    moe_grouped_gemm") and rlinf's GroupedGemmExperts have no recompute, so for those experts
-    (`keeps_moe_act` false) it is dropped, with a warning, instead of failing the run."""
+    """Selective recompute's module list. `moe_act` is recomputed by TE's grouped-GEMM experts
+    (TEGroupedMLP) and by rlinf's GroupedGemmExperts, but megatron-core accepts it only with its own
+    grouped-GEMM flag, which follows Transformer Engine ("only supported with moe_grouped_gemm").
+    Without TE (`keeps_moe_act` false) it is dropped, with a warning, instead of failing the run."""
     if granularity != "selective":
         return None
     kept = list(modules)
     if not keeps_moe_act and "moe_act" in kept:
         kept.remove("moe_act")
         warnings.append(
-            "actor.model.recompute_modules: moe_act is recomputed only in Transformer Engine's grouped-GEMM "
-            "experts (TEGroupedMLP), which this run does not build; the experts' activations are kept "
+            "actor.model.recompute_modules: moe_act is recomputed only where Transformer Engine is "
+            "installed (megatron-core asks for its grouped-GEMM flag); the experts' activations are kept "
             f"(recomputing {kept or 'nothing'})"
         )
     return kept
@@ -242,7 +242,7 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         "apply_rope_fusion": te_available,
         "recompute_granularity": m.recompute_granularity,
         "recompute_modules": recompute_modules(
-            m.recompute_modules, m.recompute_granularity, te_available and not grouped_experts, warnings
+            m.recompute_modules, m.recompute_granularity, te_available, warnings
         ),
         "recompute_method": "uniform" if m.recompute_granularity == "full" else None,
         "recompute_num_layers": 1 if m.recompute_granularity == "full" else None,

@@ -159,9 +159,9 @@ class ModelConfig:
     recompute_granularity: str | None = None  # doc: megatron activation recompute: null, selective, full
     recompute_modules: tuple[str, ...] = ()  # doc: modules recomputed with selective granularity
     moe_router_bias_update_rate: float = 0.0  # doc: 0 freezes the routing bias during RL
-    # doc: without Transformer Engine: routed experts as grouped GEMMs (rlinf's module) instead of megatron's per-expert loop; not yet run on a GPU, so off by default (with TE grouped GEMMs always run: TEGroupedMLP, or rlinf's with moe_grouped_gemm_impl: torch)
+    # doc: without Transformer Engine: routed experts as grouped GEMMs (rlinf's module) instead of megatron's per-expert loop (off by default; the Moonlight recipe turns it on; with TE grouped GEMMs always run: TEGroupedMLP, or rlinf's with moe_grouped_gemm_impl: torch)
     moe_grouped_gemm: bool = False
-    # doc: which grouped GEMM computes the routed experts: auto = Transformer Engine's GroupedLinear (TEGroupedMLP) where TE is installed, else rlinf's torch grouped_mm experts when moe_grouped_gemm is true; transformer_engine = TE's (refused without TE); torch = rlinf's torch grouped_mm experts (one launch per projection) in either spec, with TE not yet measured on a GPU
+    # doc: which grouped GEMM computes the routed experts: auto = Transformer Engine's GroupedLinear (TEGroupedMLP) where TE is installed, else rlinf's torch grouped_mm experts when moe_grouped_gemm is true; transformer_engine = TE's (refused without TE); torch = rlinf's torch grouped_mm experts (one launch per projection, weights read in place from DDP's buffer) in either spec
     moe_grouped_gemm_impl: Literal["auto", "transformer_engine", "torch"] = "auto"
 
 

@@ -8,7 +8,7 @@ response tokens only, so the model learns to answer, not to write prompts.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,10 +55,14 @@ def supervised_warm_start(
     lr: float,
     warmup_steps: int,
     seed: int,
+    stop: Callable[[int], bool] | None = None,
+    check_every: int = 50,
 ) -> list[float]:
     """Train `model` in place (on its device) with AdamW for `steps` batches; returns the loss of every step.
 
-    Batches walk through `problems` in a seeded shuffled order, reshuffled each pass.
+    Batches walk through `problems` in a seeded shuffled order, reshuffled each pass. `stop`, when
+    given, is asked after every `check_every` steps (with the number of steps done, the model in eval
+    mode) and ends the warm start there when it answers true.
     """
     examples = [encode_example(tokenizer, problem) for problem in problems]
     order_rng = random.Random(seed)
@@ -84,6 +88,11 @@ def supervised_warm_start(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if stop is not None and len(losses) % check_every == 0:
+            model.eval()
+            if stop(len(losses)):
+                break
+            model.train()
     model.eval()
     return losses
 

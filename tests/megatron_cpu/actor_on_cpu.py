@@ -30,14 +30,21 @@ def build_actor(
     routing_replay: str = "none",
     lr: float = 1e-3,
     lr_sched: LRSchedulerConfig | None = None,
+    grouped_experts: bool = False,
 ):
-    """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank)."""
+    """A MegatronActor built by its own methods, minus the CUDA-only constructor (one CPU rank);
+    `grouped_experts`: rlinf's grouped-GEMM experts instead of SequentialMLP."""
     from rlinf.algorithms.lr_schedule import lr_multiplier_from_config
     from rlinf.config.megatron_settings import translate
     from rlinf.workers.actor.megatron_actor import MegatronActor
     from rlinf.workers.actor.policy_update import SkipCounter
 
-    model = ModelConfig(model_path=str(path), precision=precision, moe_token_dispatcher_type="allgather")
+    model = ModelConfig(
+        model_path=str(path),
+        precision=precision,
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=grouped_experts,
+    )
     optim = OptimConfig(
         lr=lr,
         weight_decay=0.01,

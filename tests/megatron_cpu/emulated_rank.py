@@ -104,7 +104,12 @@ def _moonlight(work: Path) -> dict:
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(FIXTURE.read_text())
     actor = ActorConfig(training_backend="megatron", model=emulated_model(RECIPE, str(folder), "bf16"))
-    _, provider = provider_for(str(folder), translate(actor, te_available=False), te_available=False)
+    _, provider = provider_for(
+        str(folder),
+        translate(actor, te_available=False),
+        te_available=False,
+        trust_remote_code=actor.model.trust_remote_code,
+    )
     model = provider.provide_distributed_model(
         wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=True, pre_wrap_hook=[]
     )[0]

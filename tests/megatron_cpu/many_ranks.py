@@ -51,6 +51,7 @@ class Layout:
     ep: int = 1
     sequence_parallel: bool = False
     pack_sequences: bool = False
+    grouped_experts: bool = False  # rlinf's grouped-GEMM experts instead of SequentialMLP
 
 
 def write_checkpoint(out: Path, **overrides) -> Path:
@@ -73,6 +74,7 @@ def actor_config(layout: Layout, checkpoint: Path, log_dir: Path, routing_replay
         expert_model_parallel_size=layout.ep,
         sequence_parallel=layout.sequence_parallel,
         moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=layout.grouped_experts,
     )
     # Adam divides by |g| + eps: with eps 1e-4 a last-bit difference of a near-zero gradient entry
     # (sums taken in another order on other layouts) stays far below the update's scale.

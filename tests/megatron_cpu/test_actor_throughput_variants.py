@@ -50,6 +50,16 @@ def test_speedups_are_taken_over_the_measured_actors_only():
     assert with_speedups({"megatron": {"tokens_per_s": 40.0}}) == {"megatron": {"tokens_per_s": 40.0}}
 
 
+def test_the_logprob_pass_is_compared_by_its_time():
+    from benchmarks.actor_throughput import with_speedups
+
+    result = {
+        "torch": {"tokens_per_s": 50.0, "seconds_per_logprob_call": 0.3},
+        "megatron": {"tokens_per_s": 40.0, "seconds_per_logprob_call": 0.2},
+    }
+    assert with_speedups(result)["megatron_logprob_speedup_vs_hf"] == pytest.approx(1.5)  # faster than HF
+
+
 def test_a_model_key_variant_changes_the_recipe_and_a_provider_key_the_provider():
     """`--megatron-variants moe_grouped_gemm_impl=torch`: the variant actor's recipe asks for rlinf's
     grouped_mm experts (translate() then picks them for the TE spec); provider keys stay provider keys."""

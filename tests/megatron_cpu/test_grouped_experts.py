@@ -317,3 +317,39 @@ def test_grouped_experts_refuse_expert_tensor_parallelism(model_parallel):
     groups = types.SimpleNamespace(ep=real.ep, expt_tp=FakeGroup(0, 2), expt_dp=real.expt_dp)
     with pytest.raises(ValueError, match="expert tensor parallelism"):
         GroupedGemmExperts(EXPERTS, expert_config(), pg_collection=groups)
+
+
+def test_selective_recompute_of_moe_act_runs_the_activation_again_with_the_same_results(
+    model_parallel, expert_path, on_cpu
+):
+    """`moe_act` in the recompute modules (the Moonlight recipe's): fc2 keeps no copy of the
+    activation's output; the backward runs the activation again, and outputs and grads are those
+    of the run that kept it."""
+    torch.manual_seed(0)
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    kept = GroupedGemmExperts(EXPERTS, expert_config(), pg_collection=groups)
+    recompute = expert_config(
+        moe_grouped_gemm=True, recompute_granularity="selective", recompute_modules=["moe_act"]
+    )
+    recomputed = GroupedGemmExperts(EXPERTS, recompute, pg_collection=groups)
+    recomputed.load_state_dict(kept.state_dict())
+    calls = []
+    activation = GroupedGemmExperts._activation_times_probs
+
+    def counted(self, x, probs):
+        calls.append(self)
+        return activation(self, x, probs)
+
+    GroupedGemmExperts._activation_times_probs = counted
+    try:
+        tokens = sum(TOKENS_PER_EXPERT)
+        hidden, probs, grad_out = torch.randn(tokens, HIDDEN), torch.rand(tokens), torch.randn(tokens, HIDDEN)
+        want = run_experts(kept, hidden, probs, grad_out)
+        got = run_experts(recomputed, hidden, probs, grad_out)
+    finally:
+        GroupedGemmExperts._activation_times_probs = activation
+    assert [c is recomputed for c in calls] == [False, True, True]
+    for name, w, g in zip(("output", "input grad", "probs grad"), want, got, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6, msg=name)
+    for (name, w), g in zip(kept.named_parameters(), recomputed.parameters(), strict=True):
+        torch.testing.assert_close(g.grad, w.grad, atol=1e-6, rtol=1e-6, msg=name)

@@ -30,6 +30,10 @@ LAYOUTS = [
     Layout("ep2-dp2", world=2, ep=2),
     Layout("tp2-ep2-sp", world=2, tp=2, ep=2, sequence_parallel=True),
     Layout("tp2-ep2-dp2-sp", world=4, tp=2, ep=2, sequence_parallel=True),
+    # rlinf's grouped experts (weights read in place from DDP's buffer, their gradient added into
+    # main_grad at once) against SequentialMLP on one rank
+    Layout("ep2-dp2-grouped", world=2, ep=2, grouped_experts=True),
+    Layout("tp2-ep2-sp-grouped", world=2, tp=2, ep=2, sequence_parallel=True, grouped_experts=True),
 ]
 
 

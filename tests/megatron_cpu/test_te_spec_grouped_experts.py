@@ -147,7 +147,8 @@ def test_grouped_gemm_experts_under_the_te_spec_keep_the_names_the_bridge_maps(t
     experts_builder = routed_experts(te_block_spec(config, grouped_experts=True))[DENSE_LAYERS]
     experts = experts_builder(EXPERTS, config, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
     names = [name for name, _ in experts.named_parameters()]
-    assert names == [f"linear_fc{n}.weight{e}" for n in (1, 2) for e in range(EXPERTS)]
+    # registered last to first, so that DDP's reversed layout holds them in expert order (stacked_weights.py)
+    assert names == [f"linear_fc{n}.weight{e}" for n in (1, 2) for e in reversed(range(EXPERTS))]
     registry = DeepSeekV3Bridge().mapping_registry()
     hf = {}
     for name in names:

@@ -9,6 +9,7 @@ import pytest
 from rlinf.config import ConfigError, load_config
 from rlinf.config.megatron_settings import MegatronSettingsError, precision_problems, translate
 from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
+from rlinf.workers.actor.megatron_state import EXPERT_WEIGHT_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONLIGHT = ROOT / "examples/reasoning/config/math/moonlight-16b-grpo-megatron.yaml"
@@ -98,7 +99,7 @@ def test_moe_grouped_gemm_selects_rlinf_grouped_experts_only_without_transformer
     without_te = translate(actor, te_available=False)
     # the spec swaps the experts; megatron's own flag (TE grouped GEMM) stays off
     assert without_te.grouped_experts and not without_te.provider["moe_grouped_gemm"]
-    # rlinf's grouped experts do not recompute moe_act either: still dropped, with the warning
+    # without TE megatron-core refuses moe_act recompute whatever the experts: dropped, with the warning
     assert without_te.provider["recompute_modules"] == ["core_attn"]
     with_te = translate(actor, te_available=True)  # TE: megatron's TEGroupedMLP, as without the key
     assert with_te.provider["moe_grouped_gemm"] and not with_te.grouped_experts
@@ -120,7 +121,8 @@ def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(t
     from rlinf.utils.checkpoint import CheckpointError
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
-    loop = {"optimizer_steps": 3} | ({} if written is None else {"grouped_experts": written})
+    loop = {"optimizer_steps": 3, "expert_weight_order": EXPERT_WEIGHT_ORDER}
+    loop |= {} if written is None else {"grouped_experts": written}
     actor = types.SimpleNamespace(
         megatron_settings=types.SimpleNamespace(grouped_experts=now),
         _adam_moments=lambda: ["fp32", "fp32"],
@@ -130,6 +132,26 @@ def test_an_actor_checkpoint_resumes_only_with_the_experts_it_was_written_with(t
         MegatronActor._check_same_layout(actor, tmp_path, loop)
     actor.megatron_settings.grouped_experts = bool(written)
     MegatronActor._check_same_layout(actor, tmp_path, loop)
+
+
+def test_a_grouped_experts_checkpoint_of_the_earlier_weight_order_loads_its_weights_only(tmp_path):
+    """Checkpoints from before `expert_weight_order` hold the grouped experts' optimizer state in the
+    first-to-last order; resuming them would hand Adam states to the wrong experts."""
+    from rlinf.utils.checkpoint import CheckpointError
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    actor = types.SimpleNamespace(
+        megatron_settings=types.SimpleNamespace(grouped_experts=True),
+        _adam_moments=lambda: ["fp32", "fp32"],
+        te_available=False,
+    )
+    earlier = {"optimizer_steps": 3, "grouped_experts": True}
+    with pytest.raises(CheckpointError, match=f"earlier parameter order.*rlinf.export_hf {tmp_path} OUT_DIR"):
+        MegatronActor._check_same_layout(actor, tmp_path, earlier)
+    MegatronActor._check_same_layout(actor, tmp_path, earlier, weights_only=True)
+    MegatronActor._check_same_layout(actor, tmp_path, earlier | {"expert_weight_order": EXPERT_WEIGHT_ORDER})
+    actor.megatron_settings.grouped_experts = False  # SequentialMLP's order never changed
+    MegatronActor._check_same_layout(actor, tmp_path, {"optimizer_steps": 3})
 
 
 @pytest.mark.parametrize(
@@ -274,11 +296,11 @@ def test_moe_grouped_gemm_impl_picks_the_routed_experts(impl, te, grouped_gemm, 
     # TE linears writing main_grad) is unchanged when rlinf's experts replace TEGroupedMLP
     assert s.provider["moe_grouped_gemm"] is te and s.provider["moe_permute_fusion"] is te
     assert s.provider["gradient_accumulation_fusion"] is te
-    # only TEGroupedMLP recomputes moe_act; for the others it is dropped, with one warning
-    te_grouped_mlp = te and not rlinf_experts
-    expected = ["core_attn", "moe_act"] if te_grouped_mlp else ["core_attn"]
+    # with TE both TEGroupedMLP and rlinf's experts recompute moe_act; without TE megatron-core
+    # refuses it (it asks for its own grouped-GEMM flag), so it is dropped, with one warning
+    expected = ["core_attn", "moe_act"] if te else ["core_attn"]
     assert s.provider["recompute_modules"] == expected
-    assert [w for w in s.warnings if "moe_act" in w] == ([] if te_grouped_mlp else [s.warnings[0]])
+    assert [w for w in s.warnings if "moe_act" in w] == ([] if te else [s.warnings[0]])
 
 
 @pytest.mark.parametrize(

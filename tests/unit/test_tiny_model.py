@@ -250,3 +250,25 @@ def test_settings_travel_to_the_child_as_json_unchanged() -> None:
     text = json.dumps(dataclasses.asdict(GPU_TINY_SETTINGS))
     assert tiny.settings_from_json(text) == GPU_TINY_SETTINGS
     assert tiny.settings_from_json(text).digest() == GPU_TINY_SETTINGS.digest()
+
+
+def test_a_warm_start_with_a_target_stops_at_the_first_check_that_reaches_it(tmp_path, monkeypatch) -> None:
+    """GPU-tiny's warm start ends at a greedy accuracy, not at a step count: the same steps reach
+    more on a GPU than on a CPU (near-ties decided by rounding), the target does not move."""
+    from rlinf.models import bootstrap
+
+    seen = iter([0.1, 0.3, 0.45, 0.9])
+    real = bootstrap.greedy_accuracy
+
+    def staged(model, tokenizer, problems, **kw):
+        measured = real(model, tokenizer, problems, **kw)
+        return dataclasses.replace(measured, accuracy=next(seen, measured.accuracy))
+
+    monkeypatch.setattr(bootstrap, "greedy_accuracy", staged)
+    settings = dataclasses.replace(QUICK, train_steps=12, target_accuracy=0.4, check_every=2)
+    report = json.loads((build_tiny_checkpoint(tmp_path / "t", settings) / BUILD_REPORT).read_text())
+    assert report["warm_start_checks"] == [[2, 0.1], [4, 0.3], [6, 0.45]]
+    assert report["warm_start_steps"] == 6
+    assert report["val_greedy_accuracy"] == 0.9  # the build's own final measurement
+    without = json.loads((build_tiny_checkpoint(tmp_path / "u", QUICK) / BUILD_REPORT).read_text())
+    assert without["warm_start_steps"] == QUICK.train_steps and "warm_start_checks" not in without

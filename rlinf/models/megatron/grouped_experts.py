@@ -9,7 +9,8 @@ local experts that leaves a train call host-bound. Here each projection of all l
 TE's fused grouped GEMM is unavailable (it needs cuBLASLt >= 13.4); these experts launch one
 `grouped_mm` per projection whatever the cuBLAS. Contract, maths and parameter names (`linear_fc1.weight{i}`,
 `linear_fc2.weight{i}`) are megatron's, so Megatron-Bridge converts them and SequentialMLP's
-checkpoints load; each forward stacks the per-expert weights (a copy kept for backward). Refused:
+checkpoints load; under DDP the grouped GEMM reads the per-expert weights in place from DDP's buffer
+and adds their gradient into its `main_grad` at once (stacked_weights.py). Refused:
 ETP > 1, FP8 / FP4, expert biases, latent MoE, interleaved GLU, delayed weight gradients. Off CUDA
 the same maths runs as a loop over the experts (`_grouped_mm_runs_on`). docs/megatron.md has the
 layout, memory and checks.
@@ -23,7 +24,11 @@ import functools
 import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
-from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
+from megatron.core.tensor_parallel.random import (
+    CheckpointWithoutOutput,
+    get_cuda_rng_tracker,
+    get_expert_parallel_rng_tracker_name,
+)
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -32,6 +37,8 @@ from megatron.core.transformer.utils import (
     make_sharded_tensors_for_checkpoint,
 )
 from megatron.core.utils import get_pg_rank, get_pg_size
+
+from rlinf.models.megatron.stacked_weights import InPlace, in_place, stacked
 
 
 def _grouped_mm_runs_on(x: torch.Tensor) -> bool:
@@ -66,6 +73,9 @@ class ExpertLinears(MegatronModule):
     """
 
     tensor_model_parallel = True
+    # Views of the weights (and main grads) in DDP's buffers, set by `view_in_place` once DDP wraps
+    # the model; None: the weights are stacked (copied) on every forward.
+    in_place: InPlace | None = None
 
     def __init__(
         self,
@@ -82,12 +92,17 @@ class ExpertLinears(MegatronModule):
         self.num_local_experts = num_local_experts
         self.partition_dim = partition_dim
         device = _init_device(config)
-        for i in range(num_local_experts):
-            weight = torch.nn.Parameter(
-                torch.empty(output_size, input_size, dtype=config.params_dtype, device=device)
-            )
+        weights = [
+            torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype, device=device))
+            for _ in range(num_local_experts)
+        ]
+        for weight in weights:  # in expert order: the RNG stream draws them as it did before
             if config.perform_initialization:
                 _init_expert_weight(weight, init_method)
+        # Registered last to first: DDP lays parameters out in reverse, so that weight0..weight{n-1}
+        # then sit in its buffer in expert order, which stacked_weights views in place.
+        for i in reversed(range(num_local_experts)):
+            weight = weights[i]
             # As megatron's expert linears mark theirs (tensor_parallel/layers.py, TEGroupedLinear).
             weight.allreduce = not use_expert_pgs
             weight.tensor_model_parallel = True
@@ -97,6 +112,10 @@ class ExpertLinears(MegatronModule):
 
     def weights(self) -> list[torch.Tensor]:
         return [getattr(self, f"weight{i}") for i in range(self.num_local_experts)]
+
+    def stacked(self) -> torch.Tensor:
+        """The weights as [experts, out, in] (rlinf.models.megatron.stacked_weights)."""
+        return stacked(self.weights(), self.in_place)
 
 
 def _init_device(config) -> torch.device:
@@ -168,9 +187,22 @@ class GroupedGemmExperts(MegatronModule):
                 raise ValueError("moe_apply_probs_on_input needs moe_router_topk = 1 (as in megatron-core)")
             hidden = (probs * hidden).to(hidden.dtype)
             probs = torch.ones_like(probs)
-        fc1 = _expert_linear(hidden, self.linear_fc1.weights(), tokens_per_expert)
-        intermediate = self._activation_times_probs(fc1, probs)
-        return _expert_linear(intermediate, self.linear_fc2.weights(), tokens_per_expert), None
+        fc1 = _expert_linear(hidden, self.linear_fc1, tokens_per_expert)
+        if not self._recomputes_activation():
+            intermediate = self._activation_times_probs(fc1, probs)
+            return _expert_linear(intermediate, self.linear_fc2, tokens_per_expert), None
+        # As TEGroupedMLP does: fc2 keeps the activation's output for its backward, whose storage is
+        # freed after fc2 and refilled by running the activation again when the backward reaches it.
+        checkpoint = CheckpointWithoutOutput(fp8=None)  # None: no Transformer Engine FP8 state
+        intermediate = checkpoint.checkpoint(self._activation_times_probs, fc1, probs)
+        output = _expert_linear(intermediate, self.linear_fc2, tokens_per_expert)
+        checkpoint.discard_output_and_register_recompute(output)
+        return output, None
+
+    def _recomputes_activation(self) -> bool:
+        """Selective recompute of `moe_act`, as megatron-core reads it for TEGroupedMLP."""
+        config = self.config
+        return config.recompute_granularity == "selective" and "moe_act" in config.recompute_modules
 
     def _activation_times_probs(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """The activation, then times each token's routing probability: megatron's MLP without TE."""
@@ -223,16 +255,26 @@ class GroupedGemmExperts(MegatronModule):
         return sharded
 
 
-def _expert_linear(
-    x: torch.Tensor, weights: list[torch.Tensor], tokens_per_expert: torch.Tensor
-) -> torch.Tensor:
+def _expert_linear(x: torch.Tensor, linear: ExpertLinears, tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """Rows of `x` grouped by expert (`tokens_per_expert[i]` rows for expert i) times expert i's
     weight [out, in] transposed: one grouped GEMM on CUDA, a loop elsewhere."""
     if _grouped_mm_runs_on(x):
         offsets = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32).to(x.device, non_blocking=True)
-        return F.grouped_mm(x, torch.stack(weights).transpose(1, 2), offs=offsets)
+        return F.grouped_mm(x, linear.stacked().transpose(1, 2), offs=offsets)
     rows = x.split(tokens_per_expert.tolist())
+    weights = linear.stacked().unbind(0)
     return torch.cat([F.linear(part, weight) for part, weight in zip(rows, weights, strict=True)])
+
+
+def view_in_place(model: torch.nn.Module, ddp_config) -> int:
+    """Lets the grouped experts of a DDP-wrapped `model` read their weights in place from DDP's
+    buffer and, where DDP reduces gradients only after the backward (`overlap_grad_reduce` off), add
+    their stacked weight gradients into its `main_grad` buffer themselves. Returns how many expert
+    projections add into `main_grad`."""
+    linears = [m for m in model.modules() if isinstance(m, ExpertLinears)]
+    for linear in linears:
+        linear.in_place = in_place(linear.weights(), grad_into_main_grad=not ddp_config.overlap_grad_reduce)
+    return sum(linear.in_place is not None and linear.in_place.main_grad is not None for linear in linears)
 
 
 def use_grouped_experts(layer_specs: list, spec: str) -> int:

@@ -150,6 +150,11 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
         # No pre_wrap_hook argument: it would replace the bridge's HF weight load (bridge.py).
         with te_wgrad_fusion_without_apex(self.provider):
             self.model = self.provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=True)
+        if self.megatron_settings.grouped_experts:
+            from rlinf.models.megatron.grouped_experts import view_in_place
+
+            for chunk in self.model:
+                view_in_place(chunk, ddp_config)
         self.compute_dtype = self.provider.params_dtype
 
     def _install_routing_replay(self) -> None:

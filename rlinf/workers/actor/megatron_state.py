@@ -20,6 +20,10 @@ logger = logging.getLogger(__name__)
 DIST_CKPT_DIR = "megatron"
 RNG_FILE = "rng_rank{rank}.pt"
 LOOP_STATE_FILE = "actor_loop_state.pt"
+# The order in which the grouped-GEMM experts register their weights (grouped_experts.ExpertLinears),
+# which fixes where their optimizer state sits in the saved flat buffers; checkpoints without the key
+# were written in the first-to-last order.
+EXPERT_WEIGHT_ORDER = "last_to_first"
 
 
 def _without_psutil_memory_log() -> None:
@@ -156,13 +160,15 @@ class MegatronActorState:
         o = self.cfg.actor.optim
         return [o.exp_avg_dtype, o.exp_avg_sq_dtype] if o.use_precision_aware_optimizer else ["fp32", "fp32"]
 
-    def _check_same_layout(self, path: Path, loop: dict) -> None:
+    def _check_same_layout(self, path: Path, loop: dict, weights_only: bool = False) -> None:
         """What a checkpoint's optimizer state must share with this actor to load into it.
 
         - The experts: the distributed optimizer's state is saved as flat buffers in parameter
           order, which differs between SequentialMLP and the grouped-GEMM experts, so loading across
           a change of `actor.model.moe_grouped_gemm` (or `moe_grouped_gemm_impl`) would hand Adam
-          states to the wrong weights, silently.
+          states to the wrong weights, silently. The same holds across a change of the order the
+          grouped experts register their weights in (`expert_weight_order`); a weights-only load
+          (an export) reads weights by name and takes any order.
         - The Adam moments' dtypes: megatron's loader cannot read one dtype into another (it fails
           with an empty message).
         - The layer spec: TE's and the TE-free one name and shape parameters differently."""
@@ -180,6 +186,13 @@ class MegatronActorState:
             raise CheckpointError(
                 f"{path}: written with the grouped-GEMM experts {'on' if written else 'off'} "
                 "(actor.model.moe_grouped_gemm / moe_grouped_gemm_impl); resume with the same setting"
+            )
+        order = loop.get("expert_weight_order", "first_to_last")
+        if written and order != EXPERT_WEIGHT_ORDER and not weights_only:
+            raise CheckpointError(
+                f"{path}: its optimizer state follows an earlier parameter order of the grouped-GEMM "
+                "experts, which this version no longer builds, so it cannot resume; its weights still "
+                f"load: export them (python -m rlinf.export_hf {path} OUT_DIR) and start a run from OUT_DIR"
             )
         moments = list(loop.get("adam_moments", ["fp32", "fp32"]))
         if moments != self._adam_moments():
@@ -217,6 +230,7 @@ class MegatronActorState:
                 "skips": (self.skips.consecutive, self.skips.total),
                 "spec": spec_name(self.te_available),
                 "grouped_experts": self.megatron_settings.grouped_experts,
+                "expert_weight_order": EXPERT_WEIGHT_ORDER,
                 "adam_moments": self._adam_moments(),
                 "adam_steps": adam_step_count(self.optimizer),
             }
@@ -234,7 +248,7 @@ class MegatronActorState:
                 raise CheckpointError(f"{needed}: missing (megatron actor checkpoint)")
         try:
             loop = torch.load(path / LOOP_STATE_FILE, weights_only=False)
-            self._check_same_layout(path, loop)
+            self._check_same_layout(path, loop, weights_only)
             if not (weights_only or self.te_available):
                 ensure_adam_states(self.optimizer)
             state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(ckpt))
