@@ -30,7 +30,7 @@
 #       ran is not green; the suites not named are listed as missing). With few GPUs, name parts
 #       that fit one command (e.g. 2 GPUs: `side-by-side engine actor`, then `pack sync`, ...).
 #       SUITES_PER_GPU=N lets N suites share a GPU, for the suites that size nothing from the GPU's
-#       free memory and time nothing ($SHARES_A_GPU): on one H200,
+#       free memory and time nothing ($SHARES_A_GPU): on one H200 (on an 80 GB card four run out of memory),
 #       `SUITES_PER_GPU=4 bash tests/gpu/run_all.sh side-by-side actor grouped-experts`.
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte

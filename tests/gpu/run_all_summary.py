@@ -207,7 +207,14 @@ def read_figures(path: Path, first_line: int) -> list[dict]:
     return records
 
 
+ARGUMENTS = {"add": 8, "show": 3, "merge": 3, "merge-some": 4, "code": 1, "status": 1}  # the fewest
+
+
 def main(argv: list[str]) -> int:
+    if not argv or len(argv) < ARGUMENTS.get(argv[0], 99):
+        usage = [line.strip() for line in __doc__.splitlines() if "run_all_summary.py" in line]
+        print("usage:\n  " + "\n  ".join(usage), file=sys.stderr)
+        return 2
     action = argv[0]
     if action == "code":
         print(code_fingerprint())

@@ -164,3 +164,14 @@ def test_status_says_whether_the_recorded_green_run_covers_this_code_and_what_ch
     run["suites"][0]["failed"] = 1
     recorded.write_text(json.dumps(summary.merged([run], code, digests)))
     assert "is not green" in summary.status_line(recorded, root)
+
+
+def test_too_few_arguments_print_the_usage_and_write_nothing(tmp_path, capsys):
+    part = tmp_path / "part.json"
+    part.write_text('{"suites": []}\n')
+    # merge-some's first argument is the suites: without it the part would be taken as the output
+    assert summary.main(["merge-some", str(tmp_path / "out.json"), str(part)]) == 2
+    assert summary.main([]) == 2
+    assert summary.main(["show", str(part)]) == 2
+    assert part.read_text() == '{"suites": []}\n' and not (tmp_path / "out.json").exists()
+    assert 'merge-some "SUITE..." OUT_JSON PART_JSON...' in capsys.readouterr().err
