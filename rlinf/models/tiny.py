@@ -280,15 +280,18 @@ def _bootstrap(
 ) -> dict[str, float]:
     """Warm-start `model` in place; the figures that go into the build report."""
     from rlinf.data.synthetic import generate_arithmetic
-    from rlinf.models.bootstrap import greedy_accuracy, supervised_warm_start
+    from rlinf.models.bootstrap import GreedyEval, greedy_accuracy, supervised_warm_start
 
     task = {"digits": settings.digits, "operations": settings.operations, "steps": settings.steps}
     train = generate_arithmetic("train", settings.num_train_problems, seed=settings.seed, **task)
     val = generate_arithmetic("val", settings.num_val_problems, seed=settings.seed, **task)
     checks: list[tuple[int, float]] = []
+    last_check: dict[int, GreedyEval] = {}  # steps -> that check's evaluation, final if it ends there
 
     def reached_target(steps: int) -> bool:
-        checks.append((steps, greedy_accuracy(model, tokenizer, val).accuracy))
+        last_check.clear()
+        last_check[steps] = greedy_accuracy(model, tokenizer, val)
+        checks.append((steps, last_check[steps].accuracy))
         return checks[-1][1] >= settings.target_accuracy
 
     losses = supervised_warm_start(
@@ -303,7 +306,7 @@ def _bootstrap(
         stop=None if settings.target_accuracy is None else reached_target,
         check_every=settings.check_every,
     )
-    evaluation = greedy_accuracy(model, tokenizer, val)
+    evaluation = last_check.get(len(losses)) or greedy_accuracy(model, tokenizer, val)
     report = {
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "val_greedy_accuracy": evaluation.accuracy,
