@@ -118,6 +118,7 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "cluster.num_nodes": (ANY.reads(VALIDATE),),
     "cluster.num_gpus_per_node": (ANY.reads(VALIDATE, LOADER),),
     "cluster.component_placement": (ANY.reads(VALIDATE),),
+    "cluster.cuda_mps": (ANY.reads(MAIN, VALIDATE),),
     # runner: the driver loop, logging, checkpoints
     "runner.experiment_name": (ANY.reads(LOADER, CHECKPOINTING),),
     "runner.output_dir": (ANY.reads(CHECKPOINTING),),

@@ -19,6 +19,8 @@ class ClusterConfig:
     num_gpus_per_node: int | None = None  # doc: GPUs per node; null = detect (0 on a CPU machine)
     # doc: role(s) -> "all", a GPU range "0-3", or a list "0,2"; roles joined by commas share GPUs
     component_placement: dict[str, str] = field(default_factory=lambda: {"actor,rollout,reward": "all"})
+    # doc: start a CUDA MPS daemon for the run, so that processes sharing a GPU (a resident actor and rollout engine) run their kernels at once instead of in turns; one node, a Ray cluster the run starts (docs/rollout.md)
+    cuda_mps: bool = False
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,20 @@ def check_placement(cfg: Config) -> None:
             )
 
 
+def check_cuda_mps(cfg: Config) -> None:
+    if not cfg.cluster.cuda_mps:
+        return
+    if total_gpus(cfg) == 0:
+        raise ConfigError(
+            "cluster.cuda_mps: true needs a GPU; this cluster has none (cluster.num_gpus_per_node)"
+        )
+    if cfg.cluster.num_nodes > 1:
+        raise ConfigError(
+            f"cluster.cuda_mps: the run starts one MPS daemon, on its own node; {cfg.cluster.num_nodes} nodes "
+            "need one each (nvidia-cuda-mps-control -d on every node before ray start)"
+        )
+
+
 def check_sglang_parallelism(cfg: Config) -> None:
     """An SGLang engine's TP (and EP, = TP when rollout.sglang.enable_ep_moe) GPUs sit on one node."""
     if cfg.rollout.rollout_backend != "sglang":
@@ -353,6 +367,7 @@ def check_megatron_settings(cfg: Config) -> None:
 RULES: tuple[Callable[[Config], None], ...] = (
     check_ranges,  # first: the rules below may divide by a size or compare with a NaN
     check_names,
+    check_cuda_mps,
     check_algorithm,
     check_routing_replay,
     check_partial_rollout,

@@ -11,6 +11,7 @@ The output folders are locked for this run and probed for writing before Ray sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from dataclasses import replace
@@ -176,10 +177,12 @@ def _run(cfg) -> int:
 def _train(cfg, train_set, val_set, data_counters, point) -> int:
     import ray
 
+    from rlinf.config.typed import ConfigError
     from rlinf.config.validate import total_gpus
     from rlinf.runners.checkpointing import last_good_checkpoint
     from rlinf.runners.grpo_runner import GRPORunner
-    from rlinf.scheduler.cluster import init_ray, shutdown_ray
+    from rlinf.scheduler.cluster import cluster_address, init_ray, shutdown_ray
+    from rlinf.scheduler.mps import cuda_mps_daemon
     from rlinf.scheduler.roles import launch_roles
     from rlinf.scheduler.worker_group import WorkerError
     from rlinf.utils.checkpoint import CheckpointSaveError
@@ -195,7 +198,14 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
     def last_good(failure: BaseException | None = None):
         return last_good_checkpoint(runner.checkpointer if runner else None, point, failure)
 
+    mps = contextlib.ExitStack()
     try:
+        if cfg.cluster.cuda_mps and joined_ray and cluster_address():
+            raise ConfigError(
+                "cluster.cuda_mps: the run starts the MPS daemon on this node for the Ray cluster it starts; "
+                "with a running cluster (RAY_ADDRESS / ray_utils/ray_head_ip.txt) start one on each node instead"
+            )
+        mps.enter_context(cuda_mps_daemon(cfg.cluster.cuda_mps))
         init_ray(total_gpus(cfg))
         stop_on_sigterm()  # Ray's driver replaced our handler with its own stack dump
         roles = launch_roles(cfg)
@@ -224,6 +234,7 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
             roles.shutdown()
         if joined_ray:
             shutdown_ray()
+        mps.close()  # after the workers: the daemon quits once its clients have
     if cfg.runner.logger.plot:
         plot = plot_training_curves(metrics.history(), log_path / "training_curves.png")
         print(f"plot: {plot}")

@@ -10,6 +10,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HEAD_IP_FILE = Path(__file__).resolve().parents[2] / "ray_utils" / "ray_head_ip.txt"
 DEFAULT_RAY_PORT = 6379
+MPS_ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
 def cluster_address() -> str | None:
@@ -31,7 +32,10 @@ def init_ray(num_gpus: int) -> bool:
     if ray.is_initialized():
         return False
     # Workers import rlinf from this checkout whether or not it is pip-installed.
-    runtime_env = {"env_vars": {"PYTHONPATH": _pythonpath(), "TOKENIZERS_PARALLELISM": "false"}}
+    env_vars = {"PYTHONPATH": _pythonpath(), "TOKENIZERS_PARALLELISM": "false"}
+    # the run's MPS daemon (rlinf.scheduler.mps), for the workers' CUDA contexts
+    env_vars |= {key: os.environ[key] for key in MPS_ENV_KEYS if key in os.environ}
+    runtime_env = {"env_vars": env_vars}
     address = cluster_address()
     if address:
         logger.info("connecting to Ray cluster at %s", address)
