@@ -188,15 +188,8 @@ case "${1:-}" in
     # --staleness 0,1 (runner.max_staleness, both roles resident)
     # The work dir stays off $OUT (checkpoints, if any, are tens of GB); rows.jsonl, each run's log
     # and metrics come back. STEP_TIMEOUT (default 560) bounds the whole call, STEP_TAG names it.
-    # STEP_MPS=1 runs it under a CUDA MPS daemon of its own, so that the kernels of the engine and
-    # the actor processes can share the GPU at once instead of taking it in turns (--staleness 1).
+    # `--override cluster.cuda_mps=true`: the runs under the run's own CUDA MPS daemon (docs/rollout.md).
     use_project_stack
-    if [ "${STEP_MPS:-0}" = 1 ]; then
-      export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
-      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      nvidia-cuda-mps-control -d || { echo "step: STEP_MPS=1, but the MPS daemon did not start" >&2; exit 1; }
-      trap 'echo quit | nvidia-cuda-mps-control; tail -n 20 "$CUDA_MPS_LOG_DIRECTORY/control.log" >"$OUT/mps_control.log"' EXIT
-    fi
     work=$tmp/step-work${STEP_TAG:+-$STEP_TAG} limit=${STEP_TIMEOUT:-560}
     rm -f "$work/rows.jsonl"  # this call's rows only
     timeout "$limit" python3 -m benchmarks.grpo_step_runner --work-dir "$work" --timeout $((limit - 60)) "${@:2}" 2>&1 |
