@@ -15,6 +15,13 @@ COSINE = ["actor.lr_sched.lr_decay_style=cosine"]
 
 CASES = [
     ("check_names", TINY, ["algorithm.adv_type=ppo"], "algorithm.adv_type: 'ppo' is not one of"),
+    ("check_cuda_mps", TINY, ["cluster.cuda_mps=true"], "cluster.cuda_mps: true needs a GPU"),
+    (
+        "check_cuda_mps",
+        TINY,
+        ["cluster.cuda_mps=true", "cluster.num_nodes=2", "cluster.num_gpus_per_node=1"],
+        "cluster.cuda_mps: the run starts one MPS daemon, on its own node; 2 nodes",
+    ),
     ("check_names", TINY, ["algorithm.loss_type=dpo"], "algorithm.loss_type: 'dpo' is not one of"),
     ("check_names", TINY, ["algorithm.loss_agg_func=sum"], "algorithm.loss_agg_func: 'sum'"),
     ("check_names", TINY, ["algorithm.kl_penalty_type=k4"], "algorithm.kl_penalty_type: 'k4'"),
