@@ -119,8 +119,8 @@ SMALL_SETTINGS = TinyModelSettings(
 # default's, and it learns about half as fast, in the warm start and in GRPO (docs/models.md): its
 # build scales them back (fan_in_scaled_attention_init). Its task adds `*` to + and -: the val
 # split then holds ~900 expressions, enough for the 512 val problems of `tiny-moe-grpo-gpu`. Its
-# warm start stops once greedy accuracy reaches 40% (800 steps on a CPU, fewer on a GPU, where the
-# same steps reach more); docs/models.md has the curves.
+# warm start stops once greedy accuracy reaches 40% (650 steps on the 2-core CPU, 750 on an H100:
+# the same steps reach different accuracies by device); docs/models.md has the curves.
 GPU_TINY_SETTINGS = TinyModelSettings(
     kv_lora_rank=256,
     qk_rope_head_dim=32,
