@@ -18,6 +18,9 @@ its own folders, OUT/TAG/{run.log,logs/metrics.jsonl} (TAG = NAME-sSEED), as a u
 - A tiny:// model is built into the cache once, before the runs (its lock would make them queue).
 - --timeout bounds the whole call: a run still going then is stopped, and the validations it logged
   are reported with `cut_off_at_step`.
+- A run that fails before its first validation is started again once, after the runs waiting to
+  start (engines that start side by side can each see memory that another is about to take); the
+  failed attempt's log is kept as run.attempt1.log, and its result says `restarted`.
 
 Progress: one line per validation a run logs. Prints one JSON object; the exit status is 1 when a
 run failed (not when it was cut off by --timeout).
@@ -51,6 +54,7 @@ class Run:
     proc: subprocess.Popen | None = None
     code: int | None = None
     cut_off: bool = False
+    restarted: bool = False
     reported: set[int] = field(default_factory=set)
 
     @property
@@ -152,9 +156,22 @@ def run_all(runs: list[Run], recipe: str, parallel: int, deadline: float) -> Non
                 continue
             report_progress(run)
             going.remove(run)
+            if run.code and not run.reported and not run.restarted:
+                print(f"[{run.tag}] exit {run.code} before its first validation: started again later",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                set_aside_failed_attempt(run)
+                waiting.append(run)
+                continue
             print(
                 f"[{run.tag}] {'cut off' if run.cut_off else f'exit {run.code}'}", file=sys.stderr, flush=True
             )
+
+
+def set_aside_failed_attempt(run: Run) -> None:
+    """Keep a failed first attempt's log beside the run's and clear its metrics for the second."""
+    (run.folder / "run.log").replace(run.folder / "run.attempt1.log")
+    run.metrics.unlink(missing_ok=True)
+    run.restarted, run.code, run.proc = True, None, None
 
 
 def run_result(run: Run) -> dict:
@@ -162,6 +179,8 @@ def run_result(run: Run) -> dict:
     result = {"gpu": run.gpu, "exit": run.code, **(summarize(rows) if rows else {})}
     if run.cut_off:
         result["cut_off_at_step"] = result.get("steps", 0)
+    if run.restarted:
+        result["restarted"] = True
     if run.proc is None:
         result["not_started"] = True
     return result

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +96,34 @@ def test_a_run_cut_off_or_never_started_says_so(tmp_path):
     assert summary["runs"]["a-s1"]["cut_off_at_step"] == 1
     assert summary["runs"]["a-s2"] == {"gpu": None, "exit": None, "not_started": True}
     assert summary["variants"]["a"]["runs"] == 2
+
+
+def test_a_run_failing_before_its_first_validation_starts_again_once(tmp_path, monkeypatch):
+    # attempt 1 of a-s1 fails before validating (as an engine that found too little memory); attempt 2
+    # validates. b-s1 fails before validating on both attempts: it is not started a third time.
+    attempts: list[str] = []
+
+    def start(recipe, overrides, log, env=None):
+        tag = Path(log).parent.name
+        attempts.append(tag)
+        ok = tag == "a-s1" and attempts.count(tag) == 2
+        metrics = Path(log).parent / "logs" / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        rows = (
+            '{"step": 0, "val/accuracy": 0.5}\n{"step": 1, "val/accuracy": 0.75}\n' if ok else '{"step": 0}\n'
+        )
+        script = f"import pathlib, sys; pathlib.Path({str(metrics)!r}).write_text({rows!r}); sys.exit({0 if ok else 1})"
+        Path(log).write_text(f"attempt {attempts.count(tag)}\n")
+        return subprocess.Popen([sys.executable, "-c", script])
+
+    monkeypatch.setattr(ls, "start_recipe", start)
+    monkeypatch.setattr(ls, "POLL_S", 0.05)
+    runs = [ls.Run(t, [], tmp_path / t, t[0]) for t in ("a-s1", "b-s1")]
+    ls.run_all(runs, "tiny-moe-grpo-gpu", parallel=2, deadline=time.monotonic() + 20)
+
+    assert attempts == ["a-s1", "b-s1", "a-s1", "b-s1"]
+    summary = ls.summarize_runs(runs)["runs"]
+    assert summary["a-s1"]["exit"] == 0 and summary["a-s1"]["gain_points"] == 25.0
+    assert summary["a-s1"]["restarted"] and summary["b-s1"]["restarted"] and summary["b-s1"]["exit"] == 1
+    assert (tmp_path / "a-s1" / "run.attempt1.log").read_text() == "attempt 1\n"
+    assert (tmp_path / "a-s1" / "run.log").read_text() == "attempt 2\n"
