@@ -81,6 +81,7 @@ TORCH_ACTOR_MODULE = "rlinf.workers.actor.torch_actor"
 MEGATRON_ACTOR_MODULE = "rlinf.workers.actor.megatron_actor"
 MEGATRON_FORWARD = "rlinf.workers.actor.megatron_forward"  # the Megatron actor's batch layout and forward
 MEGATRON_SETTINGS = "rlinf.config.megatron_settings"  # recipe -> Megatron provider / optimizer settings
+MEGATRON_GRAPHS = "rlinf.config.megatron_graphs"  # the Megatron actor's CUDA graphs: provider fields, shape
 TORCH_ROLLOUT_MODULE = "rlinf.workers.rollout.torch_rollout"
 SGLANG_ROLLOUT_MODULE = "rlinf.workers.rollout.sglang_rollout"
 SGLANG_ARGS = "rlinf.workers.rollout.sglang_args"  # recipe -> sglang.Engine keyword arguments
@@ -222,6 +223,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.model.moe_router_bias_update_rate": _megatron_only(),
     "actor.model.moe_grouped_gemm": _megatron_only(),
     "actor.model.moe_grouped_gemm_impl": _megatron_only(),
+    "actor.model.cuda_graph_impl": (MEGATRON_ACTOR.reads(MEGATRON_GRAPHS),),
+    "actor.model.cuda_graph_modules": (MEGATRON_ACTOR.reads(MEGATRON_GRAPHS),),
     "actor.optim.optimizer": _actor(MEGATRON_ACTOR_MODULE),
     "actor.optim.lr": _actor(),
     "actor.optim.weight_decay": _actor(),

@@ -21,6 +21,7 @@ What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.
   plain RoPE as YaRN with scaling factor 1, the same rotation).
 - Without TE: gradient-accumulation, cross-entropy, permute and layer-norm fusions off (they are TE
   or apex kernels), and `transformer_impl = "local"`.
+- Per-layer CUDA graphs of the train pass when the recipe asks (rlinf.config.megatron_graphs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlinf.config.megatron_graphs import cuda_graph_problems, cuda_graph_provider
 from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
 
 MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
@@ -149,6 +151,7 @@ def model_problems(actor: ActorConfig, *, te_available: bool) -> list[str]:
             "(flex needs DeepEP / HybridEP)"
         )
     problems += expert_problems(m, te_available=te_available)
+    problems += cuda_graph_problems(actor, te_available=te_available)
     if m.tensor_model_parallel_size > 1 and not m.sequence_parallel:
         problems.append(
             "actor.model.sequence_parallel: must be true for MoE with tensor_model_parallel_size > 1"
@@ -249,6 +252,7 @@ def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
         # Logits come back in the compute dtype; logprobs.py upcasts chunk by chunk.
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
+        **cuda_graph_provider(m),
     }
     if not te_available:
         provider.update(

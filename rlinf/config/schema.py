@@ -165,6 +165,10 @@ class ModelConfig:
     moe_grouped_gemm: bool = False
     # doc: which grouped GEMM computes the routed experts: auto = Transformer Engine's GroupedLinear (TEGroupedMLP) where TE is installed, else rlinf's torch grouped_mm experts when moe_grouped_gemm is true; transformer_engine = TE's (refused without TE); torch = rlinf's torch grouped_mm experts (one launch per projection, weights read in place from DDP's buffer) in either spec
     moe_grouped_gemm_impl: Literal["auto", "transformer_engine", "torch"] = "auto"
+    # doc: per-layer CUDA graphs of the train pass (fewer kernel launches from the host): none, or transformer_engine (megatron-core's TECudaGraphHelper; needs TE and bf16). Every training micro-batch is padded to one fixed shape, micro_batch_size rows x seq_length tokens (packed: one row of max_tokens_per_micro_batch tokens); the logprob pass stays eager. docs/megatron.md, "CUDA graphs"
+    cuda_graph_impl: Literal["none", "transformer_engine"] = "none"
+    # doc: what each layer's graphs capture (megatron-core's names): attn (norm + attention), mlp (the dense layers' MLP), moe_router (pre-MLP norm + router), moe_preprocess (the token dispatcher's preprocess; with moe_router). The experts and the token all-to-alls stay eager
+    cuda_graph_modules: tuple[str, ...] = ("attn", "moe_router", "moe_preprocess")
 
 
 @dataclass(frozen=True)

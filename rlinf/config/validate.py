@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 
 from rlinf.config.honoured import HONOURED, chosen_backends, honoured_by
+from rlinf.config.megatron_graphs import routing_replay_problem
 from rlinf.config.placement import Placement, parse_placement
 from rlinf.config.ranges import check_ranges
 from rlinf.config.schema import Config
@@ -80,8 +81,9 @@ def check_algorithm(cfg: Config) -> None:
 
 
 def check_routing_replay(cfg: Config) -> None:
-    """Routing replay needs a rollout that records experts, an actor that replays them, and (to
-    measure) the logprob recompute. A dense model is refused where its config is read (runners.main)."""
+    """Routing replay needs a rollout that records experts, an actor that replays them, (to
+    measure) the logprob recompute, and no CUDA graphs in the Megatron actor. A dense model is
+    refused where its config is read (runners.main)."""
     mode, a = cfg.algorithm.routing_replay.mode, cfg.algorithm
     if mode == "none":
         return
@@ -101,6 +103,8 @@ def check_routing_replay(cfg: Config) -> None:
             f"{key} measures routing agreement in the actor's logprob recompute, which "
             "algorithm.recompute_logprobs: false skips; set recompute_logprobs: true (or mode: replay)"
         )
+    if problem := routing_replay_problem(cfg):
+        raise ConfigError(problem)
 
 
 def check_lr_schedule(cfg: Config) -> None:

@@ -188,6 +188,24 @@ CASES = [
         "algorithm.routing_replay.mode: measure measures routing agreement in the actor's logprob recompute",
     ),
     (
+        "check_routing_replay",
+        MOONLIGHT,
+        ["actor.model.cuda_graph_impl=transformer_engine", "algorithm.routing_replay.mode=measure"],
+        "actor.model.cuda_graph_impl: transformer_engine cannot run with algorithm.routing_replay.mode: measure",
+    ),
+    (
+        "check_megatron_settings",
+        MOONLIGHT,
+        ["actor.model.cuda_graph_impl=transformer_engine", "actor.pack_sequences=true"],
+        "actor.model.cuda_graph_modules: attn cannot run with actor.pack_sequences",
+    ),
+    (
+        "check_megatron_settings",
+        MOONLIGHT,
+        ["actor.model.cuda_graph_impl=transformer_engine", "actor.model.recompute_granularity=full"],
+        "transformer_engine cannot run with actor.model.recompute_granularity: full",
+    ),
+    (
         "check_partial_rollout",
         TINY,
         ["data.partial_rollout=true"],
