@@ -72,6 +72,7 @@ def build_actor(
     actor._build_optimizer()
     actor.optimizer_steps, actor.skips = 0, SkipCounter()
     actor.device, actor.tp_size, actor.tp_rank, actor.tp_group = torch.device("cpu"), 1, 0, None
+    actor.train_shape, actor.graphs = None, None  # no CUDA graphs on the CPU
     actor.lr_at = lr_multiplier_from_config(cfg)
     return actor
 

@@ -53,6 +53,7 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
         (tests/megatron_cpu/many_ranks.py), which also put megatron-core's CUDA calls on the CPU."""
         import torch.distributed as dist
 
+        from rlinf.config.megatron_graphs import fixed_train_shape, graphs_on, routing_replay_problem
         from rlinf.config.megatron_settings import translate
         from rlinf.models.megatron import te_placeholder
         from rlinf.models.tiny import resolve_model_path
@@ -64,13 +65,18 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
                 "algorithm.kl_beta > 0: the megatron actor has no reference model yet; use kl_beta: 0 "
                 "(GRPO with a clipped ratio needs none) or the torch actor"
             )
+        if problem := routing_replay_problem(cfg):
+            raise ValueError(problem)
         self.cfg = cfg
+        self.graphs_on = graphs_on(cfg.actor.model)
         _set_default_dist_env(rank, world_size)
         if device == "cuda":
             # Ray shows each rank one GPU; under torchrun every GPU is visible and LOCAL_RANK picks one.
             index = int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
+            if self.graphs_on:  # captures need a stream other than the legacy default one
+                torch.cuda.set_stream(torch.cuda.Stream())
             if not dist.is_initialized():
                 dist.init_process_group(backend="nccl", device_id=self.device)
         else:
@@ -96,6 +102,12 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
         self._build_model(resolve_model_path(cfg.actor.model.model_path))
         self._install_routing_replay()
         self._build_optimizer()
+        self.train_shape = fixed_train_shape(cfg.actor)  # every training micro-batch's, with graphs
+        self.graphs = None
+        if self.train_shape is not None:
+            from rlinf.models.megatron.cuda_graphs import TrainGraphs
+
+            self.graphs = TrainGraphs(self.model, self.optimizer, self.train_shape)
         self.settings = UpdateSettings.from_config(cfg)
         self.skips = SkipCounter()
         self.optimizer_steps = 0
@@ -120,7 +132,12 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
                 expert_model_parallel_size=m.expert_model_parallel_size,
                 expert_tensor_parallel_size=m.expert_tensor_parallel_size,
             )
-        tensor_parallel.model_parallel_cuda_manual_seed(self.cfg.runner.seed)
+        if self.graphs_on:
+            from rlinf.models.megatron.cuda_graphs import prepare_process
+
+            prepare_process(self.cfg.runner.seed)
+        else:
+            tensor_parallel.model_parallel_cuda_manual_seed(self.cfg.runner.seed)
         torch.manual_seed(self.cfg.runner.seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -243,6 +260,7 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
     def update_policy(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         for chunk in self.model:
             chunk.train()
+        capture_seconds = self.graphs.ensure_captured() if self.graphs is not None else 0.0
         self._pop_routing_seconds()
         try:
             metrics = run_policy_update(self, batch, self.settings, step, self.skips)
@@ -251,6 +269,8 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
                 self.routing.clear()
         if self.routing is not None:
             metrics["time/routing_train"] = self._pop_routing_seconds()
+        if self.graphs is not None:
+            metrics["time/cuda_graph_capture"] = capture_seconds
         return metrics
 
     def forward_micro(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -276,13 +296,14 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
 
             return logprobs, loss_func
 
+        staged = self._stage(micros, loss_fields=True, shape=self.train_shape)
         get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(self._stage(micros, loss_fields=True)),
+            data_iterator=iter(staged),
             model=self.model,
             num_microbatches=num,
-            seq_length=max(int(m.prompt_mask.sum(1).max()) + m.response_ids.shape[1] for m in micros),
-            micro_batch_size=max(len(m) for m in micros),
+            seq_length=max(inputs.tokens.shape[1] for _, inputs in staged),
+            micro_batch_size=max(inputs.tokens.shape[0] for _, inputs in staged),
             forward_only=False,
         )
         return metrics

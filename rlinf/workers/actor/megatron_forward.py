@@ -1,9 +1,11 @@
 """The Megatron actor's forward: a micro-batch's inputs laid out on the host (right-padded or packed
 THD, routing replay targets), every micro-batch of a minibatch moved to the GPU in one copy
 (rlinf.workers.actor.staging), and the logprobs and entropy of the response tokens from the LM head
-run on the positions that predict them only (rlinf.models.megatron.response_rows). A mixin of
-rlinf.workers.actor.megatron_actor.MegatronActor, whose config, device, TP ranks and routing replay
-it reads."""
+run on the positions that predict them only (rlinf.models.megatron.response_rows). With CUDA graphs
+every training micro-batch is padded to the graphs' one shape (`shape`: rows of right padding, or
+packed sequences of padding tokens), which no real token attends to and no loss term reads. A mixin
+of rlinf.workers.actor.megatron_actor.MegatronActor, whose config, device, TP ranks and routing
+replay it reads."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from rlinf.config.megatron_graphs import TrainShape
 from rlinf.data.batch import RolloutBatch
 from rlinf.workers.actor.staging import to_device_once
 
@@ -47,24 +50,33 @@ class MegatronForward:
     def _sp_multiple(self) -> int:
         return self.tp_size if self.cfg.actor.model.sequence_parallel else 1
 
-    def _right_padded(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded tokens [b, T] (prompt then all R response columns) and each row's prompt length."""
+    def _right_padded(
+        self, micro: RolloutBatch, shape: TrainShape | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded tokens [b, T] (prompt then all R response columns; with `shape`, padded to
+        its rows and tokens) and each row's prompt length."""
         prompt_lens = micro.prompt_mask.sum(1)
         width = micro.prompt_ids.shape[1]
         r = micro.response_ids.shape[1]
         total = int(prompt_lens.max()) + r
         total = -(-total // self._sp_multiple()) * self._sp_multiple()
-        tokens = torch.zeros(len(micro), total, dtype=torch.long)
+        rows = len(micro)
+        if shape is not None:
+            _fits(shape, rows, total)
+            rows, total = shape.rows, shape.tokens
+        tokens = torch.zeros(rows, total, dtype=torch.long)
         for i, p in enumerate(prompt_lens.tolist()):
             tokens[i, :p] = micro.prompt_ids[i, width - p :]
             tokens[i, p : p + r] = micro.response_ids[i]
         return tokens, prompt_lens
 
-    def _packed_thd(self, micro: RolloutBatch):
+    def _packed_thd(self, micro: RolloutBatch, shape: TrainShape | None = None):
         """(tokens [1, T], positions [1, T], PackedSeqParams, index [N]), all on the host: every
         row's real tokens back to back (THD, positions restarting per sequence), padded at the end
-        to a multiple of TP under sequence parallelism by one more sequence; `index` is the packed
-        position that predicts each real response token, in row-major order."""
+        to a multiple of TP under sequence parallelism, or to `shape.tokens`, by sequences of
+        padding no longer than the longest real one (so the padding's attention costs no more than
+        the real tokens'); `index` is the packed position that predicts each real response token,
+        in row-major order."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
         from rlinf.models.logprobs import pack_rows, packed_predictors
@@ -75,10 +87,15 @@ class MegatronForward:
         lengths = mask.sum(1).tolist()
         tokens, positions = kwargs["input_ids"], kwargs["position_ids"]
         pad = -sum(lengths) % self._sp_multiple()
-        if pad:
+        if shape is not None:
+            _fits(shape, 1, sum(lengths))
+            pad = shape.tokens - sum(lengths)
+        longest = max(lengths)
+        padding = [longest] * (pad // longest) + ([pad % longest] if pad % longest else [])
+        if padding:
             tokens = torch.cat([tokens, tokens.new_zeros(1, pad)], dim=1)
-            positions = torch.cat([positions, torch.arange(pad)[None]], dim=1)
-            lengths.append(pad)
+            positions = torch.cat([positions, *(torch.arange(n)[None] for n in padding)], dim=1)
+            lengths += padding
         bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         params = PackedSeqParams(
             qkv_format="thd",
@@ -110,22 +127,23 @@ class MegatronForward:
         self.routing_seconds += time.perf_counter() - started
         return targets, recorded
 
-    def _host_inputs(self, micro: RolloutBatch) -> ForwardInputs:
+    def _host_inputs(self, micro: RolloutBatch, shape: TrainShape | None = None) -> ForwardInputs:
         mask = micro.response_mask.bool()
         if self.cfg.actor.pack_sequences:
-            tokens, positions, params, rows = self._packed_thd(micro)
+            tokens, positions, params, rows = self._packed_thd(micro, shape)
             routing = self._routing_layout(micro, tokens.shape[1], packed=True)
             return ForwardInputs(
                 tokens, positions, rows, micro.response_ids[mask], slots_of(mask), mask, params.cu_seqlens_q,
                 *routing, max_seqlen=params.max_seqlen_q,
             )  # fmt: skip
-        tokens, prompt_lens = self._right_padded(micro)
+        tokens, prompt_lens = self._right_padded(micro, shape)
         b, r = mask.shape
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         # Column p - 1 + j (the token before response token j) predicts response token j; the
-        # decoder's output is sequence-major [T, b], so row i's column c is c * b + i.
+        # decoder's output is sequence-major [T, B] (B >= b: padding rows last), so row i's column
+        # c is c * B + i.
         columns = (prompt_lens - 1)[:, None] + torch.arange(r)[None]
-        rows = (columns * b + torch.arange(b)[:, None])[mask]
+        rows = (columns * tokens.shape[0] + torch.arange(b)[:, None])[mask]
         routing = self._routing_layout(micro, tokens.shape[1], packed=False)
         return ForwardInputs(
             tokens, positions, rows, micro.response_ids[mask], slots_of(mask), mask, None, *routing
@@ -134,11 +152,12 @@ class MegatronForward:
     # --- staging -----------------------------------------------------------------------------------
 
     def _stage(
-        self, micros: Sequence[RolloutBatch], loss_fields: bool = False
+        self, micros: Sequence[RolloutBatch], loss_fields: bool = False, shape: TrainShape | None = None
     ) -> list[tuple[RolloutBatch, ForwardInputs]]:
         """Every micro-batch's forward inputs (and with `loss_fields` what the loss reads) on the
-        device, moved in one copy; each micro-batch comes back with those fields on the device."""
-        inputs = [self._host_inputs(m) for m in micros]
+        device, moved in one copy; each micro-batch comes back with those fields on the device.
+        `shape`: every forward padded to it (the CUDA graphs' shape)."""
+        inputs = [self._host_inputs(m, shape) for m in micros]
         names = [f.name for f in fields(ForwardInputs) if f.name != "max_seqlen"]
         carried = LOSS_FIELDS if loss_fields else ()
         host = [getattr(i, n) for i in inputs for n in names]
@@ -200,3 +219,13 @@ class MegatronForward:
         """`_forward` of one micro-batch, staged on its own."""
         (_, inputs), *_ = self._stage([micro])
         return self._forward(model, inputs)
+
+
+def _fits(shape: TrainShape, rows: int, tokens: int) -> None:
+    """A micro-batch of `rows` x `tokens` fits the graphs' shape (rlinf.config.megatron_graphs)."""
+    if rows > shape.rows or tokens > shape.tokens:
+        raise ValueError(
+            f"a micro-batch of {rows} rows x {tokens} tokens exceeds the CUDA graphs' {shape.rows} x "
+            f"{shape.tokens} (actor.micro_batch_size x actor.seq_length; packed: 1 x "
+            "actor.max_tokens_per_micro_batch)"
+        )

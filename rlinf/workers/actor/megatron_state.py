@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from rlinf.models.megatron.adam_state import adam_step_count, ensure_adam_states, set_adam_steps
+from rlinf.models.megatron.cuda_graphs import rng_states_like
 from rlinf.utils.checkpoint import CheckpointError
 from rlinf.workers.actor.policy_update import SkipCounter
 
@@ -65,6 +66,8 @@ class MegatronActorState:
         before = torch.cuda.memory_allocated()
         from rlinf.models.megatron.optimizer_offload import offload_optimizer_state
 
+        if self.graphs is not None:  # they point into the buffers that move (models/megatron/cuda_graphs.py)
+            self.graphs.release()
         for buffer in self._buffers():
             buffer.offload_to_cpu(move_params=True, move_grads=True)
         offload_optimizer_state(self.optimizer)  # not megatron's: see optimizer_offload.py
@@ -268,7 +271,8 @@ class MegatronActorState:
             raise CheckpointError(f"{ckpt}: corrupt or incompatible megatron checkpoint: {reason}") from None
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state(rng["cuda"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        tracker.set_states(rng_states_like(tracker.get_states(), rng["tracker"]))
         self.optimizer_steps = loop["optimizer_steps"]
         if not self.te_available:
             set_adam_steps(self.optimizer, loop.get("adam_steps", self.optimizer_steps))

@@ -1,0 +1,113 @@
+"""The Megatron actor's per-layer CUDA graphs (actor.model.cuda_graph_impl: transformer_engine):
+captured, released, counted. What is graphed and refused: rlinf.config.megatron_graphs.
+
+megatron-core 0.19.2's TECudaGraphHelper captures, on dummy inputs of one fixed [tokens, rows]
+shape, one forward and one backward graph per decoder layer (at PP = 1 one pair serves every
+micro-batch); a layer in training mode then replays its pair instead of running the graphed parts,
+and the logprob pass (eval mode) runs eagerly.
+
+The graphs hold the addresses of the weights and of DDP's main_grad buffer (the fused weight-grad
+GEMMs write into it), and a memory pool of their own. An offload resizes those buffers' storage to
+0 and the onload allocates new storage, so the graphs are released before every offload and
+captured again at the next train call (`time/cuda_graph_capture` says what that costs).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlinf.config.megatron_graphs import TrainShape
+
+
+def prepare_process(seed: int) -> None:
+    """What megatron-core's capture needs of the process, before the model is built: Transformer
+    Engine's graph-safe RNG tracker (Megatron-Bridge asserts it), and the microbatch calculator,
+    whose count enters only TE's warm-up rule (cuda_graph_warmup_steps = 0 makes that 10 passes).
+    The caller has set a side stream as the current one, as Megatron-LM and Megatron-Bridge do before
+    a capture: the legacy default stream synchronises with every stream, which a capture forbids."""
+    import torch.distributed as dist
+    from megatron.core import tensor_parallel
+    from megatron.core.num_microbatches_calculator import reconfigure_num_microbatches_calculator
+
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        seed, te_rng_tracker=True, use_cudagraphable_rng=True, force_reset_rng=True
+    )
+    reconfigure_num_microbatches_calculator(
+        rank=dist.get_rank(),
+        rampup_batch_size=None,
+        global_batch_size=1,
+        micro_batch_size=1,
+        data_parallel_size=1,
+    )
+
+
+class TrainGraphs:
+    """The graphs of a model's train pass: captured at the first train call after construction or an
+    offload, released before an offload."""
+
+    def __init__(self, model: list, optimizer, shape: TrainShape) -> None:
+        self.model, self.optimizer, self.shape = model, optimizer, shape
+        self._helper = None
+        self.captures = 0  # how many times the graphs were captured
+
+    @property
+    def captured(self) -> bool:
+        return self._helper is not None
+
+    def ensure_captured(self) -> float:
+        """Capture when none are held (the model in training mode); the seconds it took, 0 if held.
+        The capture's warm-up passes accumulate grads; the helper zeroes the grad buffers after."""
+        if self._helper is not None:
+            return 0.0
+        from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+        from megatron.core.utils import get_model_config
+
+        started = time.perf_counter()
+        helper = TECudaGraphHelper(
+            model=self.model,
+            config=get_model_config(self.model[0]),
+            seq_length=self.shape.tokens,
+            micro_batch_size=self.shape.rows,
+            optimizers=[self.optimizer],
+        )
+        helper.create_cudagraphs()
+        if not helper.graphs_created():
+            raise RuntimeError(
+                "actor.model.cuda_graph_modules: no decoder layer has a part to graph "
+                f"({list(get_model_config(self.model[0]).cuda_graph_modules)})"
+            )
+        # No cuda_graph_set_manual_hooks(): those hooks wait for DDP's overlapped parameter
+        # all-gathers (overlap_param_gather), which rlinf keeps off; megatron's hook asserts it on.
+        self._helper = helper
+        self.captures += 1
+        return time.perf_counter() - started
+
+    def release(self) -> None:
+        """Free the graphs and their memory pool (before the buffers they point into move)."""
+        if self._helper is None:
+            return
+        self._helper.delete_cuda_graphs()
+        self._helper = None
+
+    def graphed_layers(self) -> int:
+        """Decoder layers holding graphs now."""
+        return sum(1 for chunk in self.model for m in chunk.modules() if getattr(m, "cuda_graphs", None))
+
+
+def rng_states_like(current: dict, saved: dict) -> dict:
+    """`saved` tracker states in the form of this process's tracker: Transformer Engine's graph-safe
+    tracker keeps torch.Generator objects, megatron's eager one byte tensors, so a checkpoint written
+    with the graphs on resumes with them off, and the other way round."""
+    out = {}
+    for name, state in saved.items():
+        mine = current.get(name)
+        if isinstance(mine, torch.Generator) and isinstance(state, torch.Tensor):
+            mine.set_state(state)
+            out[name] = mine
+        elif isinstance(mine, torch.Tensor) and isinstance(state, torch.Generator):
+            out[name] = state.get_state()
+        else:
+            out[name] = state
+    return out
