@@ -36,7 +36,11 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                                    # (rlinf.config.megatron_settings) changed: each fusion's share;
                                    # an actor.model key changes the recipe instead, e.g.
                                    # moe_grouped_gemm_impl=torch: rlinf's grouped_mm experts in the
-                                   # TE spec, against TEGroupedMLP in the same process
+                                   # TE spec, against TEGroupedMLP in the same process;
+                                   # cuda_graph_impl=transformer_engine: per-layer CUDA graphs
+                                   # (figures cuda_graph_layers, _captures, _capture_s); ";" joins
+                                   # settings of one variant, "+" a list's items:
+                                   # "cuda_graph_impl=transformer_engine;cuda_graph_modules=attn+mlp"
         [--megatron-setting attention_backend=unfused]  # a provider setting of every TE Megatron
                                    # actor of the run (repeatable); TE's core attention kernel is one
                                    # per process, so it is a setting, not a variant
@@ -109,6 +113,13 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
 MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
 
 
+def with_model_keys(cfg: Config, overrides: dict) -> Config:
+    """`cfg` with the overrides that name `actor.model` keys: the Megatron actor reads some of them
+    itself, not only through translate() (cuda_graph_impl: its graphs and fixed micro-batch shape)."""
+    model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
+    return replace(cfg, actor=replace(cfg.actor, model=replace(cfg.actor.model, **model)))
+
+
 @contextlib.contextmanager
 def provider_overrides(overrides: dict):
     """Megatron actors built inside get `overrides` on top of the recipe's settings: a key of
@@ -137,6 +148,8 @@ def parse_setting(text: str) -> dict:
     fused, unfused, local, auto): with TE it picks TE's core attention kernel (megatron-core turns it
     into the NVTE_*_ATTN variables of the process, and refuses them set any other way)."""
     key, _, value = (part.strip() for part in text.partition("="))
+    if key == "cuda_graph_modules":  # a list: "+" joins its items (a comma separates variants)
+        return {key: tuple(value.split("+"))}
     if key == "attention_backend":
         from megatron.core.transformer.enums import AttnBackend
 
@@ -147,8 +160,9 @@ def parse_setting(text: str) -> dict:
 
 
 def parse_variant(text: str) -> dict:
-    """One `--megatron-variants` entry: a second actor in this process with this setting."""
-    setting = parse_setting(text)
+    """One `--megatron-variants` entry: a second actor in this process with this setting (several
+    joined by ";", e.g. cuda_graph_impl=transformer_engine;cuda_graph_modules=moe_router+moe_preprocess)."""
+    setting = {k: v for part in text.split(";") for k, v in parse_setting(part).items()}
     if "attention_backend" in setting:  # the first actor has fixed the process's NVTE_*_ATTN
         raise SystemExit(
             f"--megatron-variants {text}: one attention backend per process; use --megatron-setting"
@@ -214,7 +228,8 @@ def measure(
     actor = Actor(replace(cfg, actor=replace(cfg.actor, training_backend=backend)))
     spec = getattr(actor, "spec", None)
     data = with_logprobs(data, [actor.compute_logprobs(data)])
-    actor.train(data, step=0)
+    warm_up = actor.train(data, step=0)
+    graphs = getattr(actor, "graphs", None)  # the Megatron actor's CUDA graphs, when the recipe asks
     # a variant's trace gets its own file name (megatron[moe_grouped_gemm_impl=torch] -> megatron_moe_...)
     file_name = re.sub(r"[^\w.-]+", "_", label or backend).strip("_")
     runs = []
@@ -241,6 +256,12 @@ def measure(
         actor.compute_logprobs(data)
         torch.cuda.synchronize()
         figures["seconds_per_logprob_call"] = time.perf_counter() - start
+        if graphs is not None:
+            figures.update(
+                cuda_graph_layers=graphs.graphed_layers(),  # held through the timed calls
+                cuda_graph_captures=graphs.captures,  # 1: captured at the warm-up call only
+                cuda_graph_capture_s=warm_up["time/cuda_graph_capture"],
+            )
         if profile:
             trace = profile_train_call(actor, data, profile / f"{file_name}.run{run}.trace.json", host)
             figures.update(profiled_figures(trace), profile_one_train_call=trace)
@@ -451,10 +472,12 @@ def main() -> None:
             result[name] = measure_te_free(sys.argv[1:])
             print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
             continue
-        with provider_overrides({**settings, **overrides}), emulation:
+        backend = name.split("[")[0]
+        actor_overrides = {**settings, **overrides}
+        with provider_overrides(actor_overrides), emulation:
             runs, spec = measure(
-                name.split("[")[0],
-                cfg,
+                backend,
+                with_model_keys(cfg, actor_overrides) if backend == "megatron" else cfg,
                 data,
                 shape,
                 args.repeats,

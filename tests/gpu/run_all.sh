@@ -10,6 +10,8 @@
 #                                      actor and the torch rollout          (not yet timed; <= 580 s)
 #   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
 #                                      experts                               (not yet timed; <= 300 s)
+#   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager, then the slice
+#                                      benchmark eager vs graphed (needs TE)  (not yet timed; <= 580 s)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
 #                                      the runner's memory order            (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
@@ -36,7 +38,7 @@
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
 # Ray, Megatron), each in a call of its own (`engine` installs .whl itself, the others .whl2), back
-# to back on one warm machine: te, engine, actor, pack, sync, export, loop, step, replay; or te, install (.whl),
+# to back on one warm machine: te, engine, actor, pack, graphs, sync, export, loop, step, replay; or te, install (.whl),
 # install (.whl2), side-by-side.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
@@ -57,12 +59,12 @@ SUMMARY=${SUMMARY:-$tmp/rlinf-gpu-run-all.jsonl}
 mkdir -p "$OUT"
 here=tests/gpu
 
-SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts sync hf-export loop step routing-replay-step"
+SUITES="engine megatron-actor optim megatron-grpo pack grouped-experts cuda-graphs sync hf-export loop step routing-replay-step"
 declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron-grpo"
-  [pack]="pack grouped-experts" [sync]="sync" [export]="hf-export" [loop]="loop" [step]="step" [replay]="routing-replay-step"
+  [pack]="pack grouped-experts" [graphs]="cuda-graphs" [sync]="sync" [export]="hf-export" [loop]="loop" [step]="step" [replay]="routing-replay-step"
   [all]="$SUITES")
 # Longest first, for side-by-side's queue
-BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine pack grouped-experts megatron-grpo"
+BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine cuda-graphs pack grouped-experts megatron-grpo"
 # The suites that may share a GPU (SUITES_PER_GPU > 1): SGLang sizes its KV cache from the memory
 # free when it starts, and pack times its benchmarks, so those run alone on theirs.
 SHARES_A_GPU="megatron-actor optim megatron-grpo grouped-experts"
@@ -94,6 +96,7 @@ run_suite() {
     megatron-grpo) suite megatron-grpo "$megatron_figures" megatron grpo ;;
     pack) suite pack "$megatron_figures" megatron pack ;;
     grouped-experts) suite grouped-experts "$megatron_figures" megatron experts ;;
+    cuda-graphs) suite cuda-graphs "$megatron_figures" megatron graphs ;;
     sync) suite sync "$sglang_figures" sglang sync ;;
     hf-export) suite hf-export "$sglang_figures" sglang export ;;
     loop) suite loop "$sglang_figures" sglang loop ;;
@@ -178,7 +181,7 @@ case "$part" in
     suites=${PART_SUITES[$part]:-}
     [[ " $SUITES " == *" $part "* ]] && suites=$part
     if [ -z "$suites" ]; then
-      echo "usage: $0 engine|actor|pack|sync|export|loop|step|replay|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
+      echo "usage: $0 engine|actor|pack|graphs|sync|export|loop|step|replay|all|SUITE|te|install|side-by-side [PART...]|summary" >&2
       exit 2
     fi
     for name in $suites; do run_suite "$name"; done ;;

@@ -48,6 +48,7 @@ SUITES = (
     "megatron-grpo",
     "pack",
     "grouped-experts",
+    "cuda-graphs",
     "sync",
     "hf-export",
     "loop",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|host|bf16-ops|rank-emulation|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|host|bf16-ops|rank-emulation|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -29,6 +29,13 @@
 #          experts in the TE spec: one slice benchmark with HF, Megatron-TE with TEGroupedMLP and
 #          Megatron-TE with rlinf's experts (`bench --backends torch,megatron --megatron-variants
 #          moe_grouped_gemm_impl=torch`, profiled); `experts` runs their checks
+#   graphs (not in `all`; needs TE) actor.model.cuda_graph_impl: transformer_engine, the per-layer CUDA
+#          graphs of the train pass: tests/gpu/test_megatron_cuda_graphs.py (graphed vs eager from the
+#          same weights, GPU-tiny and the slice, padded and packed; its own pytest process), then one
+#          slice benchmark, Megatron-TE eager against graphed in one process, profiled (`bench
+#          --backends megatron --megatron-variants cuda_graph_impl=transformer_engine`; GPU busy /
+#          idle / kernels of each). The emulated TP=8/EP=8 rank with graphs: `rank-emulation
+#          --megatron-setting cuda_graph_impl=transformer_engine`
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -103,6 +110,11 @@ case "$mode" in
       run timeout 200 python3 -m benchmarks.packed_micro_batches --model "$slice" --backend $backend --precision bf16 \
         --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
     done ;;
+  graphs)
+    python3 -c "import transformer_engine.pytorch" || { echo "graphs needs Transformer Engine (.wte)" >&2; exit 1; }
+    run timeout "${GRAPHS_TIMEOUT:-300}" "${PYTEST[@]}" tests/gpu/test_megatron_cuda_graphs.py 2>&1 | grep -v "^  \|^$" | tail -n 40
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench --backends megatron --megatron-variants cuda_graph_impl=transformer_engine \
+      --profile $tmp/actor-profile-graphs "${@:2}" ;;
   rank-emulation)
     config=$RLINF_GPU_TEST_DIR/moonlight-config-only
     mkdir -p "$config" && cp tests/fixtures/moonlight-16b-a3b-config.json "$config/config.json"
@@ -110,7 +122,7 @@ case "$mode" in
       --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
       --profile $tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }

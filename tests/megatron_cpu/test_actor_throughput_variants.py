@@ -75,3 +75,23 @@ def test_a_model_key_variant_changes_the_recipe_and_a_provider_key_the_provider(
     assert "moe_grouped_gemm_impl" not in changed.provider
     unchanged = settings.translate(actor, te_available=True)  # the default actor of the same run
     assert not unchanged.grouped_experts and unchanged.provider["moe_permute_fusion"] is True
+
+
+def test_a_cuda_graph_variant_reaches_the_actors_own_config():
+    """`--megatron-variants "cuda_graph_impl=transformer_engine;cuda_graph_modules=moe_router+moe_preprocess"`:
+    one variant of two settings, the list's items joined by "+"; the Megatron actor reads these keys
+    from its config (its graphs, its fixed micro-batch shape), so the variant's config carries them."""
+    from benchmarks.actor_throughput import with_model_keys
+    from rlinf.config.megatron_graphs import fixed_train_shape
+    from rlinf.config.schema import ActorConfig, Config
+
+    variant = parse_variant("cuda_graph_impl=transformer_engine;cuda_graph_modules=moe_router+moe_preprocess")
+    assert variant == {
+        "cuda_graph_impl": "transformer_engine",
+        "cuda_graph_modules": ("moe_router", "moe_preprocess"),
+    }
+    cfg = Config(actor=ActorConfig(training_backend="megatron", micro_batch_size=8, seq_length=1024))
+    graphed = with_model_keys(cfg, {**variant, "moe_permute_fusion": False}).actor
+    assert graphed.model.cuda_graph_impl == "transformer_engine"
+    assert graphed.model.cuda_graph_modules == ("moe_router", "moe_preprocess")
+    assert fixed_train_shape(graphed) is not None and fixed_train_shape(cfg.actor) is None

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 GPU_DIR = Path(__file__).parents[1] / "gpu"
-SUITES = "engine megatron-actor optim megatron-grpo pack grouped-experts sync hf-export loop step routing-replay-step".split()
+SUITES = "engine megatron-actor optim megatron-grpo pack grouped-experts cuda-graphs sync hf-export loop step routing-replay-step".split()
 
 STAND_IN = """#!/usr/bin/env bash
 echo "$(date +%s.%N) start $CUDA_VISIBLE_DEVICES $TMPDIR $MASTER_PORT $RLINF_KITS_READY $*" >> "$LEDGER"

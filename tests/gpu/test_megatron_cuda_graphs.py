@@ -1,0 +1,162 @@
+"""The Megatron actor's per-layer CUDA graphs (`actor.model.cuda_graph_impl: transformer_engine`;
+rlinf.models.megatron.cuda_graphs) on one GPU, against the eager actor from the same checkpoint:
+
+- the logprob pass (eager in both: megatron replays graphs in training only) gives the same logprobs;
+- the graphs are captured at the first train call (`time/cuda_graph_capture` > 0), one pair on every
+  layer that has a graphed part, and the second call replays them (each graphed layer's graph runs
+  once per micro-batch) without capturing again;
+- both train calls give the eager actor's loss, ratio and grad norm within bf16 rounding (the graph
+  actor pads every micro-batch to its fixed shape; padding changes GEMM shapes, not the maths);
+- after offload / onload the graphs are captured again and the third call matches too;
+- packed micro-batches (`actor.pack_sequences`) with the router graphed and the attention eager.
+
+Needs Transformer Engine (the graphs are TE's). Run: bash tests/gpu/run_megatron_checks.sh graphs
+(its own pytest process: the graph actor sets a side CUDA stream and TE's RNG tracker for the process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_checks import record
+from test_megatron_actor import actor_config, free, synthetic_batch, vocab_of
+
+from rlinf.config.schema import Config
+from rlinf.workers.actor.base import with_logprobs
+
+ROWS, MBS = 8, 4  # one minibatch of 2 micro-batches
+
+
+@pytest.fixture(scope="module")
+def transformer_engine(megatron_installed) -> None:
+    from rlinf.models.megatron import te_placeholder
+
+    if not te_placeholder.real_te_available():
+        pytest.skip(
+            "needs Transformer Engine (the .wte wheel folder, tests/gpu/README.md): the graphs are TE's"
+        )
+
+
+def config(path: Path, *, graphs: bool, packed: bool) -> Config:
+    # the recipe's optimizer (bf16 moments in TE's FusedAdam): two slice actors' state fits 80 GB
+    cfg = actor_config(path, "bf16", lr=1e-5, mbs=MBS, gbs=ROWS, moments="bf16")
+    modules = ("moe_router", "moe_preprocess") if packed else ("attn", "moe_router", "moe_preprocess")
+    model = replace(
+        cfg.actor.model,
+        cuda_graph_impl="transformer_engine" if graphs else "none",
+        cuda_graph_modules=modules if graphs else cfg.actor.model.cuda_graph_modules,
+    )
+    # 32 tokens a row: the longest synthetic row is 12 + 10
+    return replace(cfg, actor=replace(cfg.actor, seq_length=32, pack_sequences=packed, model=model))
+
+
+class Counted:
+    """A graphed callable whose runs are counted; anything else (megatron's delete_cuda_graphs calls
+    `reset()`) goes to the graph."""
+
+    def __init__(self, graph, calls: list[int]) -> None:
+        self.graph, self.calls = graph, calls
+
+    def __call__(self, *args, **kwargs):
+        self.calls[0] += 1
+        return self.graph(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.graph, name)
+
+
+def counted_replays(actor) -> list[int]:
+    """Count the runs of every held graph (in the returned one-item list)."""
+    calls = [0]
+    for chunk in actor.model:
+        for module in chunk.modules():
+            graphs = getattr(module, "cuda_graphs", None)
+            if graphs:
+                module.cuda_graphs = [Counted(g, calls) for g in graphs]
+    return calls
+
+
+def layer_counts(actor) -> tuple[int, int]:
+    """(decoder layers, MoE layers) of the actor's model."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    layers = [m for chunk in actor.model for m in chunk.modules() if isinstance(m, TransformerLayer)]
+    return len(layers), sum(isinstance(layer.mlp, MoELayer) for layer in layers)
+
+
+def three_train_calls(cfg: Config, batch, old: torch.Tensor | None = None) -> dict:
+    """The logprob pass, then two train calls, offload / onload and a third, each from the same
+    old logprobs (`old`, or this actor's recomputed ones less 0.05, so that the ratio moves); what
+    the graphs did on the way."""
+    from rlinf.workers.actor.megatron_actor import MegatronActor
+
+    actor = MegatronActor(cfg)
+    logprobs = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
+    old = logprobs - 0.05 if old is None else old
+    batch = replace(batch, old_logprobs=old)
+    out: dict = {"logprobs": logprobs, "old": old, "train": [], "layers_and_moe": layer_counts(actor)}
+    graphs = actor.graphs
+    out["train"].append(actor.train(batch, step=0))
+    if graphs is not None:
+        out["graphed"] = graphs.graphed_layers()
+        replays = counted_replays(actor)
+    out["train"].append(actor.train(batch, step=1))
+    if graphs is not None:
+        out["replays"], out["captures_before_offload"] = replays[0], graphs.captures
+    actor.offload()
+    if graphs is not None:
+        out["graphed_offloaded"] = graphs.graphed_layers()
+    actor.onload()
+    out["train"].append(actor.train(batch, step=2))
+    if graphs is not None:
+        out["captures"] = graphs.captures
+    actor.offload()  # megatron's DDP stays reachable from autograd hooks: leave only host memory behind
+    del actor
+    free()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("which", "packed"),
+    [("gpu_tiny", False), ("moonlight_slice", False), ("gpu_tiny", True)],
+    ids=["gpu_tiny", "moonlight_slice", "gpu_tiny-packed"],
+)
+def test_graphed_training_matches_eager_from_the_same_weights(transformer_engine, request, which, packed):
+    path = request.getfixturevalue(which)
+    batch = synthetic_batch(vocab_of(path), rows=ROWS, seed=21)
+    eager = three_train_calls(config(path, graphs=False, packed=packed), batch)
+    try:
+        graphed = three_train_calls(config(path, graphs=True, packed=packed), batch, old=eager["old"])
+    finally:
+        torch.cuda.set_stream(torch.cuda.default_stream())  # the graph actor's side stream
+    mask = batch.response_mask
+    logprob_diff = (graphed["logprobs"] - eager["logprobs"])[mask].abs().max().item()
+    layers, moe_layers = graphed["layers_and_moe"]
+    keys = ("actor/loss", "actor/ratio_mean", "actor/grad_norm")
+    capture = [m["time/cuda_graph_capture"] for m in graphed["train"]]
+    record(
+        f"CUDA graphs vs eager ({which}{', packed' if packed else ''}, bf16)",
+        **{k: [[e[k], g[k]] for e, g in zip(eager["train"], graphed["train"], strict=True)] for k in keys},
+        logprob_max_abs_diff=logprob_diff,
+        graphed_layers=graphed["graphed"],
+        decoder_layers=layers,
+        replays_second_call=graphed["replays"],
+        captures=graphed["captures"],
+        capture_seconds=capture,
+    )
+    # every layer has attention; packed, only the MoE layers have a graphed part (the router)
+    assert graphed["graphed"] == (moe_layers if packed else layers) > 0
+    assert graphed["replays"] == graphed["graphed"] * ROWS // MBS  # once per layer per micro-batch
+    assert graphed["captures_before_offload"] == 1 and graphed["graphed_offloaded"] == 0
+    assert graphed["captures"] == 2  # again after the onload
+    assert capture[0] > 0 and capture[1] == 0 and capture[2] > 0
+    assert logprob_diff <= 1e-2  # both eager: the same function, MoE scatter_add order aside
+    for step, (e, g) in enumerate(zip(eager["train"], graphed["train"], strict=True)):
+        assert g["actor/skipped_steps"] == 0, step
+        assert g["actor/loss"] == pytest.approx(e["actor/loss"], rel=2e-2, abs=2e-3), step
+        assert g["actor/ratio_mean"] == pytest.approx(e["actor/ratio_mean"], rel=5e-3), step
+        assert g["actor/grad_norm"] == pytest.approx(e["actor/grad_norm"], rel=3e-2), step
