@@ -158,3 +158,7 @@ def test_rng_tracker_states_resume_across_the_switch():
     assert torch.equal(as_bytes["model-parallel-rng"], torch.Generator().manual_seed(5).get_state())
     same = torch.Generator().get_state()
     assert rng_states_like({"a": torch.zeros(1)}, {"a": same})["a"] is same
+    # generator to generator: in place (captured graphs hold this process's generator objects)
+    held = torch.Generator().manual_seed(1)
+    kept = rng_states_like({"a": held}, {"a": torch.Generator().manual_seed(5)})
+    assert kept["a"] is held and torch.equal(torch.rand(3, generator=held), expected)

@@ -99,14 +99,15 @@ class TrainGraphs:
 def rng_states_like(current: dict, saved: dict) -> dict:
     """`saved` tracker states in the form of this process's tracker: Transformer Engine's graph-safe
     tracker keeps torch.Generator objects, megatron's eager one byte tensors, so a checkpoint written
-    with the graphs on resumes with them off, and the other way round."""
+    with the graphs on resumes with them off, and the other way round. A generator of this process
+    takes the saved state in place: captured graphs hold the generators they were captured with."""
     out = {}
     for name, state in saved.items():
         mine = current.get(name)
-        if isinstance(mine, torch.Generator) and isinstance(state, torch.Tensor):
-            mine.set_state(state)
+        if isinstance(mine, torch.Generator):
+            mine.set_state(state.get_state() if isinstance(state, torch.Generator) else state)
             out[name] = mine
-        elif isinstance(mine, torch.Tensor) and isinstance(state, torch.Generator):
+        elif isinstance(state, torch.Generator):
             out[name] = state.get_state()
         else:
             out[name] = state
