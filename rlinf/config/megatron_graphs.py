@@ -147,4 +147,10 @@ def cuda_graph_provider(m: ModelConfig) -> dict[str, Any]:
         # Megatron-LM trains this many steps eagerly before it captures, and TE then warms each layer
         # up until 10 passes are reached; the actor captures before its first step, so TE does all 10.
         "cuda_graph_warmup_steps": 0,
+        # The bridge overlaps the shared experts with the token dispatch: their forward is started
+        # in the dispatcher's preprocess and finished after the routed experts. A captured
+        # preprocess starts it on every warm-up pass and never finishes it (megatron asserts on the
+        # second start); without the overlap the shared experts run beside the router, inside its
+        # graph.
+        "moe_shared_expert_overlap": False,
     }

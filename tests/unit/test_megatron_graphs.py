@@ -39,6 +39,10 @@ def test_the_recipe_key_turns_on_te_graphs_of_attention_router_and_preprocess():
     assert p["cuda_graph_impl"] == "transformer_engine"
     assert p["cuda_graph_modules"] == ["attn", "moe_router", "moe_preprocess"]
     assert p["use_te_rng_tracker"] is True and p["cuda_graph_warmup_steps"] == 0
+    # a captured dispatch would start the overlapped shared experts on every warm-up pass (H100:
+    # megatron's "pre_forward_comm must be called from IDLE state" at the second)
+    assert p["moe_shared_expert_overlap"] is False
+    assert "moe_shared_expert_overlap" not in translate(moonlight_actor(), te_available=True).provider
     # the recipe's micro-batch: 1 row of seq_length (1024 prompt + 8192 response) tokens
     assert fixed_train_shape(actor) == TrainShape(rows=1, tokens=9216)
 
