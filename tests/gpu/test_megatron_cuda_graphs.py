@@ -95,28 +95,32 @@ def three_train_calls(cfg: Config, batch, old: torch.Tensor | None = None) -> di
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
     actor = MegatronActor(cfg)
-    logprobs = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
-    old = logprobs - 0.05 if old is None else old
-    batch = replace(batch, old_logprobs=old)
-    out: dict = {"logprobs": logprobs, "old": old, "train": [], "layers_and_moe": layer_counts(actor)}
-    graphs = actor.graphs
-    out["train"].append(actor.train(batch, step=0))
-    if graphs is not None:
-        out["graphed"] = graphs.graphed_layers()
-        replays = counted_replays(actor)
-    out["train"].append(actor.train(batch, step=1))
-    if graphs is not None:
-        out["replays"], out["captures_before_offload"] = replays[0], graphs.captures
-    actor.offload()
-    if graphs is not None:
-        out["graphed_offloaded"] = graphs.graphed_layers()
-    actor.onload()
-    out["train"].append(actor.train(batch, step=2))
-    if graphs is not None:
-        out["captures"] = graphs.captures
-    actor.offload()  # megatron's DDP stays reachable from autograd hooks: leave only host memory behind
-    del actor
-    free()
+    try:
+        logprobs = with_logprobs(batch, [actor.compute_logprobs(batch)]).old_logprobs
+        old = logprobs - 0.05 if old is None else old
+        batch = replace(batch, old_logprobs=old)
+        out: dict = {"logprobs": logprobs, "old": old, "train": [], "layers_and_moe": layer_counts(actor)}
+        graphs = actor.graphs
+        out["train"].append(actor.train(batch, step=0))
+        if graphs is not None:
+            out["graphed"] = graphs.graphed_layers()
+            replays = counted_replays(actor)
+        out["train"].append(actor.train(batch, step=1))
+        if graphs is not None:
+            out["replays"], out["captures_before_offload"] = replays[0], graphs.captures
+        actor.offload()
+        if graphs is not None:
+            out["graphed_offloaded"] = graphs.graphed_layers()
+        actor.onload()
+        out["train"].append(actor.train(batch, step=2))
+        if graphs is not None:
+            out["captures"] = graphs.captures
+    finally:
+        # megatron's DDP stays reachable from autograd hooks (and, after a failure, from the
+        # traceback): leave only host memory behind, so that the next case has the GPU
+        actor.offload()
+        del actor
+        free()
     return out
 
 
