@@ -113,11 +113,12 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
 MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
 
 
-def with_model_keys(cfg: Config, overrides: dict) -> Config:
-    """`cfg` with the overrides that name `actor.model` keys: the Megatron actor reads some of them
-    itself, not only through translate() (cuda_graph_impl: its graphs and fixed micro-batch shape)."""
+def with_model_keys(actor: ActorConfig, overrides: dict) -> ActorConfig:
+    """`actor` with the overrides that name `actor.model` keys (the others name provider settings):
+    translate() reads them, and the Megatron actor reads some itself (cuda_graph_impl: its graphs and
+    fixed micro-batch shape)."""
     model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
-    return replace(cfg, actor=replace(cfg.actor, model=replace(cfg.actor.model, **model)))
+    return replace(actor, model=replace(actor.model, **model))
 
 
 @contextlib.contextmanager
@@ -128,12 +129,10 @@ def provider_overrides(overrides: dict):
     import rlinf.config.megatron_settings as settings
 
     translate = settings.translate
-    model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
     provider = {k: v for k, v in overrides.items() if k not in MODEL_KEYS}
 
     def with_overrides(actor, *, te_available):
-        actor = replace(actor, model=replace(actor.model, **model))
-        translated = translate(actor, te_available=te_available)
+        translated = translate(with_model_keys(actor, overrides), te_available=te_available)
         return replace(translated, provider={**translated.provider, **provider})
 
     settings.translate = with_overrides
@@ -477,7 +476,9 @@ def main() -> None:
         with provider_overrides(actor_overrides), emulation:
             runs, spec = measure(
                 backend,
-                with_model_keys(cfg, actor_overrides) if backend == "megatron" else cfg,
+                replace(cfg, actor=with_model_keys(cfg.actor, actor_overrides))
+                if backend == "megatron"
+                else cfg,
                 data,
                 shape,
                 args.repeats,

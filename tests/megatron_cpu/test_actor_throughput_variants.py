@@ -91,7 +91,7 @@ def test_a_cuda_graph_variant_reaches_the_actors_own_config():
         "cuda_graph_modules": ("moe_router", "moe_preprocess"),
     }
     cfg = Config(actor=ActorConfig(training_backend="megatron", micro_batch_size=8, seq_length=1024))
-    graphed = with_model_keys(cfg, {**variant, "moe_permute_fusion": False}).actor
+    graphed = with_model_keys(cfg.actor, {**variant, "moe_permute_fusion": False})
     assert graphed.model.cuda_graph_impl == "transformer_engine"
     assert graphed.model.cuda_graph_modules == ("moe_router", "moe_preprocess")
     assert fixed_train_shape(graphed) is not None and fixed_train_shape(cfg.actor) is None
