@@ -14,7 +14,7 @@ from rlinf.config.megatron_graphs import TrainShape, fixed_train_shape
 from rlinf.config.megatron_settings import MegatronSettingsError, translate
 from rlinf.config.schema import ActorConfig
 from rlinf.config.typed import from_dict
-from rlinf.models.megatron.cuda_graphs import rng_states_like
+from rlinf.models.megatron.cuda_graphs import nccl_env_for_graphs, rng_states_like
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONLIGHT = str(ROOT / "examples/reasoning/config/math/moonlight-16b-grpo-megatron.yaml")
@@ -166,3 +166,17 @@ def test_rng_tracker_states_resume_across_the_switch():
     held = torch.Generator().manual_seed(1)
     kept = rng_states_like({"a": held}, {"a": torch.Generator().manual_seed(5)})
     assert kept["a"] is held and torch.equal(torch.rand(3, generator=held), expected)
+
+
+def test_nccl_graph_registration_is_off_with_expandable_segments_unless_set():
+    """megatron-core's capture asserts NCCL_GRAPH_REGISTER=0 under expandable_segments:True: the
+    actor sets it before NCCL starts, and leaves every other environment as it was."""
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
+    nccl_env_for_graphs(env)
+    assert env["NCCL_GRAPH_REGISTER"] == "0"
+    for env in ({}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}):
+        nccl_env_for_graphs(env)
+        assert "NCCL_GRAPH_REGISTER" not in env
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_GRAPH_REGISTER": "1"}
+    nccl_env_for_graphs(env)
+    assert env["NCCL_GRAPH_REGISTER"] == "1"  # megatron-core then names the problem itself

@@ -43,6 +43,14 @@ def prepare_process(seed: int) -> None:
     )
 
 
+def nccl_env_for_graphs(environ) -> None:
+    """Before NCCL starts: megatron-core's capture asserts NCCL_GRAPH_REGISTER=0 when the caching
+    allocator runs with expandable_segments:True (NCCL's registration of graph buffers then ends in an
+    illegal memory access); set it, unless the environment already says otherwise."""
+    if "expandable_segments:True" in environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        environ.setdefault("NCCL_GRAPH_REGISTER", "0")
+
+
 class TrainGraphs:
     """The graphs of a model's train pass: captured at the first train call after construction or an
     offload, released before an offload."""
@@ -65,14 +73,19 @@ class TrainGraphs:
         from megatron.core.utils import get_model_config
 
         started = time.perf_counter()
-        helper = TECudaGraphHelper(
-            model=self.model,
-            config=get_model_config(self.model[0]),
-            seq_length=self.shape.tokens,
-            micro_batch_size=self.shape.rows,
-            optimizers=[self.optimizer],
-        )
-        helper.create_cudagraphs()
+        calls = _layer_class_calls(self.model)
+        try:
+            helper = TECudaGraphHelper(
+                model=self.model,
+                config=get_model_config(self.model[0]),
+                seq_length=self.shape.tokens,
+                micro_batch_size=self.shape.rows,
+                optimizers=[self.optimizer],
+            )
+            helper.create_cudagraphs()
+        except BaseException:
+            _undo_failed_capture(self.model, calls)
+            raise
         if not helper.graphs_created():
             raise RuntimeError(
                 "actor.model.cuda_graph_modules: no decoder layer has a part to graph "
@@ -94,6 +107,47 @@ class TrainGraphs:
     def graphed_layers(self) -> int:
         """Decoder layers holding graphs now."""
         return sum(1 for chunk in self.model for m in chunk.modules() if getattr(m, "cuda_graphs", None))
+
+
+_ABSENT = object()
+
+
+def _layer_class_calls(model: list) -> dict:
+    """The `__call__` each graphable layer class defines itself (or _ABSENT): TE's
+    make_graphed_callables wraps it for the capture and puts it back only when the capture ends."""
+    classes = {type(m) for chunk in model for m in chunk.modules() if hasattr(m, "cuda_graphs")}
+    return {cls: cls.__dict__.get("__call__", _ABSENT) for cls in classes}
+
+
+def _undo_failed_capture(model: list, calls: dict) -> None:
+    """What a capture that raised leaves behind, undone so that the process can go on (the next
+    actor of a test, a retry): megatron-core's and TE's "capturing" flags (megatron's DDP skips
+    every backward hook while its flag is set: eager actors would then lose the gradients that
+    are not fused into main_grad, silently), TE's wrapper of the layer classes' `__call__`, a
+    frozen garbage collector, and any graph handed to a layer."""
+    import gc
+
+    from megatron.core.transformer import cuda_graphs as mcore_graphs
+
+    mcore_graphs._set_capture_end()
+    if getattr(mcore_graphs, "FREEZE_GC", False):
+        gc.unfreeze()
+    try:
+        from transformer_engine.pytorch import graph as te_graph
+    except Exception:  # no TE (or a broken one): nothing of TE's to undo
+        te_graph = None
+    if te_graph is not None and hasattr(te_graph, "set_capture_end"):
+        te_graph.set_capture_end()
+    for cls, call in calls.items():
+        if call is _ABSENT:
+            if "__call__" in cls.__dict__:
+                delattr(cls, "__call__")
+        else:
+            cls.__call__ = call
+    for chunk in model:
+        for m in chunk.modules():
+            if getattr(m, "cuda_graphs", None):
+                m.cuda_graphs = []
 
 
 def rng_states_like(current: dict, saved: dict) -> dict:

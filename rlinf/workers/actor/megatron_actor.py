@@ -76,6 +76,9 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
             if self.graphs_on:  # captures need a stream other than the legacy default one
+                from rlinf.models.megatron.cuda_graphs import nccl_env_for_graphs
+
+                nccl_env_for_graphs(os.environ)
                 torch.cuda.set_stream(torch.cuda.Stream())
             if not dist.is_initialized():
                 dist.init_process_group(backend="nccl", device_id=self.device)
