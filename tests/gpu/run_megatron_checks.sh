@@ -62,7 +62,7 @@ use_tiny_checkpoint .h11-tiny
 use_wheel_folders .wte .wray .wmeg .whl2 || exit 1
 use_pytest || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PYTEST=(python3 -m pytest -q -s -p no:cacheprovider --durations=8 -W ignore::DeprecationWarning -W ignore::UserWarning)
+PYTEST=(python3 -m pytest -q -s -p no:cacheprovider --show-capture=no --durations=8 -W ignore::DeprecationWarning -W ignore::UserWarning)
 status=0
 # A failing check sets status even inside a pipeline (`run ... | tail`, a subshell): it leaves a mark.
 failed=$tmp/megatron-checks-failed.$$
