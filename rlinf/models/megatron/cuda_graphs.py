@@ -58,6 +58,7 @@ class TrainGraphs:
     def __init__(self, model: list, optimizer, shape: TrainShape) -> None:
         self.model, self.optimizer, self.shape = model, optimizer, shape
         self._helper = None
+        self._dispatchers = DispatcherState([])
         self.captures = 0  # how many times the graphs were captured
 
     @property
@@ -66,8 +67,10 @@ class TrainGraphs:
 
     def ensure_captured(self) -> float:
         """Capture when none are held (the model in training mode); the seconds it took, 0 if held.
-        The capture's warm-up passes accumulate grads; the helper zeroes the grad buffers after."""
+        The capture's warm-up passes accumulate grads; the helper zeroes the grad buffers after.
+        Held graphs get the MoE dispatchers' Python-side state back first (DispatcherState)."""
         if self._helper is not None:
+            self._dispatchers.restore()
             return 0.0
         from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
         from megatron.core.utils import get_model_config
@@ -94,6 +97,7 @@ class TrainGraphs:
         # No cuda_graph_set_manual_hooks(): those hooks wait for DDP's overlapped parameter
         # all-gathers (overlap_param_gather), which rlinf keeps off; megatron's hook asserts it on.
         self._helper = helper
+        self._dispatchers = DispatcherState(self.model)
         self.captures += 1
         return time.perf_counter() - started
 
@@ -107,6 +111,31 @@ class TrainGraphs:
     def graphed_layers(self) -> int:
         """Decoder layers holding graphs now."""
         return sum(1 for chunk in self.model for m in chunk.modules() if getattr(m, "cuda_graphs", None))
+
+
+class DispatcherState:
+    """What each MoE token dispatcher keeps in Python attributes (not tensors: the hidden shape its
+    combine step views the output as, token counts), as the capture left them. A replay hands the
+    graphed preprocess's tensors back to the dispatcher (megatron-core's `cudagraph_attrs`), not
+    these; an eager pass of another shape in between (the logprob pass: eval mode, trimmed
+    micro-batches) overwrites them, and the next replay's combine then views its output in that
+    shape. Put back before each train call that replays."""
+
+    def __init__(self, model: list) -> None:
+        self.saved = [
+            (d, {name: value for name, value in vars(d).items() if not isinstance(value, torch.Tensor)})
+            for d in _token_dispatchers(model)
+        ]
+
+    def restore(self) -> None:
+        for dispatcher, attributes in self.saved:
+            for name, value in attributes.items():
+                setattr(dispatcher, name, value)
+
+
+def _token_dispatchers(model: list) -> list:
+    found = (getattr(m, "token_dispatcher", None) for chunk in model for m in chunk.modules())
+    return [d for d in found if d is not None]
 
 
 _ABSENT = object()
@@ -129,15 +158,16 @@ def _undo_failed_capture(model: list, calls: dict) -> None:
 
     from megatron.core.transformer import cuda_graphs as mcore_graphs
 
+    from rlinf.models.megatron import te_placeholder
+
     mcore_graphs._set_capture_end()
     if getattr(mcore_graphs, "FREEZE_GC", False):
         gc.unfreeze()
-    try:
+    if te_placeholder.real_te_available():  # without TE (or with its placeholder) nothing to undo
         from transformer_engine.pytorch import graph as te_graph
-    except Exception:  # no TE (or a broken one): nothing of TE's to undo
-        te_graph = None
-    if te_graph is not None and hasattr(te_graph, "set_capture_end"):
-        te_graph.set_capture_end()
+
+        if hasattr(te_graph, "set_capture_end"):
+            te_graph.set_capture_end()
     for cls, call in calls.items():
         if call is _ABSENT:
             if "__call__" in cls.__dict__:
