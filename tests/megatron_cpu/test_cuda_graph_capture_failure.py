@@ -12,6 +12,7 @@ and TE):
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ class Layer(torch.nn.Module):
 class Chunk(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.config = object()  # what get_model_config finds
+        self.config = SimpleNamespace(cuda_graph_warmup_steps=0)  # what get_model_config finds
         self.layers = torch.nn.ModuleList([Layer(), Layer()])
 
 

@@ -51,6 +51,13 @@ def nccl_env_for_graphs(environ) -> None:
         environ.setdefault("NCCL_GRAPH_REGISTER", "0")
 
 
+# megatron-core's TE helper runs ceil((10 - cuda_graph_warmup_steps x micro-batches) / captured
+# micro-batches) warm-up passes per layer, at least 1: "at least 10 per layer, counting the eager
+# steps before the capture". A capture after an onload follows the first capture's warm-up in the
+# same process, so it takes the minimum: one pass per layer instead of ten.
+RECAPTURE_WARMUP_STEPS = 10
+
+
 class TrainGraphs:
     """The graphs of a model's train pass: captured at the first train call after construction or an
     offload, released before an offload."""
@@ -77,10 +84,14 @@ class TrainGraphs:
 
         started = time.perf_counter()
         calls = _layer_class_calls(self.model)
+        config = get_model_config(self.model[0])
+        warmup_steps = config.cuda_graph_warmup_steps
+        if self.captures:  # a recapture: the first capture's warm-up passes count
+            config.cuda_graph_warmup_steps = max(warmup_steps, RECAPTURE_WARMUP_STEPS)
         try:
             helper = TECudaGraphHelper(
                 model=self.model,
-                config=get_model_config(self.model[0]),
+                config=config,
                 seq_length=self.shape.tokens,
                 micro_batch_size=self.shape.rows,
                 optimizers=[self.optimizer],
@@ -89,6 +100,8 @@ class TrainGraphs:
         except BaseException:
             _undo_failed_capture(self.model, calls)
             raise
+        finally:
+            config.cuda_graph_warmup_steps = warmup_steps
         if not helper.graphs_created():
             raise RuntimeError(
                 "actor.model.cuda_graph_modules: no decoder layer has a part to graph "
