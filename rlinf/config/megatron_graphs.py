@@ -145,7 +145,8 @@ def cuda_graph_provider(m: ModelConfig) -> dict[str, Any]:
         "cuda_graph_modules": list(m.cuda_graph_modules),
         "use_te_rng_tracker": True,  # Megatron-Bridge asserts it with graphs: TE's tracker is graph-safe
         # Megatron-LM trains this many steps eagerly before it captures, and TE then warms each layer
-        # up until 10 passes are reached; the actor captures before its first step, so TE does all 10.
+        # up until 10 passes are reached; the actor captures before its first step, so TE does all 10
+        # (a recapture after an onload counts the first one's: rlinf.models.megatron.cuda_graphs).
         "cuda_graph_warmup_steps": 0,
         # The bridge overlaps the shared experts with the token dispatch: their forward is started
         # in the dispatcher's preprocess and finished after the routed experts. A captured

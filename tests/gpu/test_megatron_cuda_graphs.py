@@ -73,13 +73,9 @@ class Counted:
         return getattr(self.graph, name)
 
 
-def graphed_modules(actor) -> list:
-    return [m for chunk in actor.model for m in chunk.modules() if getattr(m, "cuda_graphs", None)]
-
-
 def counting(actor) -> tuple[list[int], dict]:
     """Count the runs of every held graph (in the returned one-item list); the graphs as they were."""
-    calls, held = [0], {m: m.cuda_graphs for m in graphed_modules(actor)}
+    calls, held = [0], {m: m.cuda_graphs for m in actor.graphs.graphed_modules()}
     for module, graphs in held.items():
         module.cuda_graphs = [Counted(g, calls) for g in graphs]
     return calls, held
@@ -117,7 +113,7 @@ def eager_and_graphed(actor, micros) -> dict:
     """The same micro-batches eager (every layer's graphs set aside) and graphed, from the same
     weights: their metrics and graph runs, the gradients' global relative difference, and each
     parameter's (relative to its own norm) with its share of the gradient norm."""
-    held = {m: m.cuda_graphs for m in graphed_modules(actor)}
+    held = {m: m.cuda_graphs for m in actor.graphs.graphed_modules()}
     for module in held:
         module.cuda_graphs = []
     try:

@@ -24,7 +24,8 @@ from rlinf.config.megatron_graphs import TrainShape
 def prepare_process(seed: int) -> None:
     """What megatron-core's capture needs of the process, before the model is built: Transformer
     Engine's graph-safe RNG tracker (Megatron-Bridge asserts it), and the microbatch calculator,
-    whose count enters only TE's warm-up rule (cuda_graph_warmup_steps = 0 makes that 10 passes).
+    whose count enters only TE's warm-up rule (cuda_graph_warmup_steps = 0 makes that 10 passes at
+    the first capture; RECAPTURE_WARMUP_STEPS below, 1 at a recapture).
     The caller has set a side stream as the current one, as Megatron-LM and Megatron-Bridge do before
     a capture: the legacy default stream synchronises with every stream, which a capture forbids."""
     import torch.distributed as dist
@@ -105,7 +106,7 @@ class TrainGraphs:
         if not helper.graphs_created():
             raise RuntimeError(
                 "actor.model.cuda_graph_modules: no decoder layer has a part to graph "
-                f"({list(get_model_config(self.model[0]).cuda_graph_modules)})"
+                f"({list(config.cuda_graph_modules)})"
             )
         # No cuda_graph_set_manual_hooks(): those hooks wait for DDP's overlapped parameter
         # all-gathers (overlap_param_gather), which rlinf keeps off; megatron's hook asserts it on.
@@ -121,9 +122,12 @@ class TrainGraphs:
         self._helper.delete_cuda_graphs()
         self._helper = None
 
+    def graphed_modules(self) -> list:
+        """The decoder layers holding graphs now (each keeps them in its `cuda_graphs` list)."""
+        return [m for chunk in self.model for m in chunk.modules() if getattr(m, "cuda_graphs", None)]
+
     def graphed_layers(self) -> int:
-        """Decoder layers holding graphs now."""
-        return sum(1 for chunk in self.model for m in chunk.modules() if getattr(m, "cuda_graphs", None))
+        return len(self.graphed_modules())
 
 
 class DispatcherState:
