@@ -193,3 +193,14 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak: float = H200_BF16_PEA
 
 def gib(num_bytes: float) -> float:
     return round(num_bytes / 2**30, 2)
+
+
+def release(actor) -> None:
+    """Free the actor's GPU memory before the next actor is measured, so that each one's peak is its
+    own. `del` alone does not: megatron-core's DDP and optimizer stay reachable from the gradient
+    hooks they put on autograd nodes, which the collector cannot see through. Offloading moves their
+    buffers and state to the host, where the leak costs only host memory."""
+    actor.offload()
+    del actor
+    gc.collect()
+    torch.cuda.empty_cache()

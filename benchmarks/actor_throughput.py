@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import re
@@ -70,7 +69,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import GcTime, ensure_tokenizer
+from benchmarks._common import GcTime, ensure_tokenizer, release
 from rlinf.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig, OptimConfig, RunnerConfig
 from rlinf.data.batch import RolloutBatch
 
@@ -267,17 +266,6 @@ def measure(
         runs.append(figures)
     release(actor)
     return runs, spec
-
-
-def release(actor) -> None:
-    """Free the actor's GPU memory before the next actor is measured, so that each one's peak is its
-    own. `del` alone does not: megatron-core's DDP and optimizer stay reachable from the gradient
-    hooks they put on autograd nodes, which the collector cannot see through. Offloading moves their
-    buffers and state to the host, where the leak costs only host memory."""
-    actor.offload()
-    del actor
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def profiled_figures(trace: dict) -> dict:
