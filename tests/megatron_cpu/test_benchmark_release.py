@@ -18,7 +18,7 @@ if importlib.util.find_spec("megatron.bridge") is None:
 
 from actor_on_cpu import build_actor, tokens, train_step  # noqa: E402
 
-from benchmarks.actor_throughput import release  # noqa: E402
+from benchmarks._common import release  # noqa: E402
 
 
 def held_bytes(buffers) -> int:
