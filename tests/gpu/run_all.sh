@@ -4,23 +4,23 @@
 # `all` for all of them in one go:
 #
 #   bash tests/gpu/run_all.sh engine   SGLang engine: signatures, hooks, GPU-tiny logprobs / weight
-#                                      pushes / memory, slice logprobs      (241 s on an H200)
+#                                      pushes / memory, slice logprobs      (201 s on an H100)
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, optim (precision-aware optimizer, save /
 #                                      load, once), GRPO steps through the runner with the Megatron
-#                                      actor and the torch rollout          (not yet timed; <= 580 s)
+#                                      actor and the torch rollout   (128 + 156 + 91 s on an H100)
 #   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
-#                                      experts                               (not yet timed; <= 300 s)
+#                                      experts                              (85 s on an H100)
 #   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager, then the slice
-#                                      benchmark eager vs graphed (needs TE)  (not yet timed; <= 580 s)
+#                                      benchmark eager vs graphed (needs TE) (234 s on an H100)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
-#                                      the runner's memory order            (not yet timed; <= 560 s)
+#                                      the runner's memory order             (87 s on an H100)
 #   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
-#                                      served by SGLang                     (not yet timed; <= 560 s)
+#                                      served by SGLang                     (289 s on an H100)
 #   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
 #                                      offloaded between phases              (not yet timed; <= 560 s)
 #   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice (about 260 s on a fresh
 #                                      machine: startup 216 s, then 11.9 s a step)
-#   bash tests/gpu/run_all.sh replay   the routing-replay step (about 210 s on a warm machine)
+#   bash tests/gpu/run_all.sh replay   the routing-replay step (249 s on a warm H100)
 #   bash tests/gpu/run_all.sh SUITE    one suite of a part (the names in SUITES below)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
