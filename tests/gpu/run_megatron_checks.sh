@@ -32,9 +32,9 @@
 #   graphs (not in `all`; needs TE) actor.model.cuda_graph_impl: transformer_engine, the per-layer CUDA
 #          graphs of the train pass: tests/gpu/test_megatron_cuda_graphs.py (graphed vs eager from the
 #          same weights, GPU-tiny and the slice, padded and packed; its own pytest process), then one
-#          slice benchmark, Megatron-TE eager against graphed in one process, profiled (`bench
-#          --backends megatron --megatron-variants cuda_graph_impl=transformer_engine`; GPU busy /
-#          idle / kernels of each). The emulated TP=8/EP=8 rank with graphs: `rank-emulation
+#          slice benchmark, HF, Megatron-TE eager and graphed in one process, profiled (`bench
+#          --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine`; GPU
+#          busy / idle / kernels of each). The emulated TP=8/EP=8 rank with graphs: `rank-emulation
 #          --megatron-setting cuda_graph_impl=transformer_engine`
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
@@ -113,7 +113,7 @@ case "$mode" in
   graphs)
     python3 -c "import transformer_engine.pytorch" || { echo "graphs needs Transformer Engine (.wte)" >&2; exit 1; }
     run timeout "${GRAPHS_TIMEOUT:-300}" "${PYTEST[@]}" tests/gpu/test_megatron_cuda_graphs.py 2>&1 | grep -v "^  \|^$" | tail -n 40
-    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench --backends megatron --megatron-variants cuda_graph_impl=transformer_engine \
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-360} bench --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine \
       --profile $tmp/actor-profile-graphs "${@:2}" ;;
   rank-emulation)
     config=$RLINF_GPU_TEST_DIR/moonlight-config-only
