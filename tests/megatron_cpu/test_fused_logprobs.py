@@ -43,6 +43,9 @@ def run(logits, targets, w_lp, w_h, temperature, *, use=("logprobs", "entropy"),
 
     x = logits.clone().requires_grad_(True)
     lp, h = vocab_parallel_logprobs(x, targets, temperature=temperature, **kw)
+    if "sums" in use:  # the gradients arrive as expanded scalars (stride 0)
+        (lp.sum() + h.sum()).backward()
+        return lp, h, x.grad
     loss = (lp * w_lp).sum() if "logprobs" in use else (lp.detach() * w_lp).sum()
     loss = loss + ((h * w_h).sum() if "entropy" in use else (h.detach() * w_h).sum())
     loss.backward()
@@ -52,6 +55,9 @@ def run(logits, targets, w_lp, w_h, temperature, *, use=("logprobs", "entropy"),
 def reference_run(logits, targets, w_lp, w_h, temperature, *, use=("logprobs", "entropy")):
     x = logits.double().clone().requires_grad_(True)
     lp, h = reference(x, targets, temperature if temperature > 0 else 1.0)
+    if "sums" in use:
+        (lp.sum() + h.sum()).backward()
+        return lp.detach(), h.detach(), x.grad
     loss = (lp * w_lp.double()).sum() if "logprobs" in use else 0
     loss = loss + ((h * w_h.double()).sum() if "entropy" in use else 0)
     loss.backward()
@@ -71,6 +77,7 @@ CASES = [
     ],
     ("logprobs-only", 3, False, 0.7, ("logprobs",), "float32", False),
     ("entropy-only", 3, False, 0.7, ("entropy",), "float32", False),
+    ("plain-sums", 6, False, 1.0, ("sums",), "float32", False),
     ("bf16", 4, False, 1.0, ("logprobs", "entropy"), "bfloat16", False),
     ("strided", 5, False, 0.9, ("logprobs", "entropy"), "float32", True),
 ]

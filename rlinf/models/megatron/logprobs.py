@@ -90,13 +90,11 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         if kernels is None:
             grad = _chunked_grad(flat, local_target, owned, log_z, entropy, g_lp, g_h, inv_t)
         else:
-            none = torch.zeros_like(log_z)
+            # one float per row, read at its index: an incoming gradient may be an expanded scalar
+            g_lp, g_h = (torch.zeros_like(log_z) if g is None else g.contiguous() for g in (g_lp, g_h))
             target = torch.where(owned, local_target, -1)
             flat = flat if flat.stride(-1) == 1 else flat.contiguous()
-            grad = kernels.slice_grad(
-                flat, log_z, entropy, none if g_lp is None else g_lp, none if g_h is None else g_h,
-                target, inv_t,
-            )  # fmt: skip
+            grad = kernels.slice_grad(flat, log_z, entropy, g_lp, g_h, target, inv_t)
         return grad.reshape(logits.shape), None, None, None, None
 
 
