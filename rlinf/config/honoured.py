@@ -198,6 +198,8 @@ HONOURED: dict[str, tuple[Reader, ...]] = {
     "actor.training_backend": (ANY.reads("rlinf.scheduler.roles"),),
     "actor.micro_batch_size": (ANY.reads(POLICY_UPDATE),),
     "actor.max_tokens_per_micro_batch": (ANY.reads(POLICY_UPDATE, VALIDATE),),
+    "actor.logprob_micro_batch_size": (ANY.reads(POLICY_UPDATE, VALIDATE),),
+    "actor.logprob_max_tokens_per_micro_batch": (ANY.reads(POLICY_UPDATE, VALIDATE),),
     "actor.pack_sequences": (
         TORCH_ACTOR.reads(POLICY_UPDATE, TORCH_ACTOR_MODULE),
         MEGATRON_ACTOR.reads(POLICY_UPDATE, MEGATRON_FORWARD),

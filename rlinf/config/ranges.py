@@ -95,6 +95,8 @@ RANGES: dict[str, Range] = {
     "data.synthetic.num_val": NON_NEGATIVE,
     "actor.micro_batch_size": AT_LEAST_1,
     "actor.max_tokens_per_micro_batch": Range(1, why="or null = actor.micro_batch_size rows"),
+    "actor.logprob_micro_batch_size": Range(1, why="or null = actor.micro_batch_size"),
+    "actor.logprob_max_tokens_per_micro_batch": Range(1, why="or null = actor.max_tokens_per_micro_batch"),
     "actor.global_batch_size": AT_LEAST_1,
     "actor.seq_length": AT_LEAST_1,
     "actor.model.tensor_model_parallel_size": AT_LEAST_1,

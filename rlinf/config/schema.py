@@ -208,6 +208,10 @@ class ActorConfig:
     micro_batch_size: int = 4  # doc: sequences per forward/backward (without max_tokens_per_micro_batch)
     # doc: tokens per forward/backward (padded: rows x (longest prompt + longest response); packed: the rows' real tokens): micro-batches of rows of similar length, as many on every DP rank; null = micro_batch_size rows
     max_tokens_per_micro_batch: int | None = None
+    # doc: sequences per forward of the logprob pass (the recompute before training: no gradients and no activations kept, so it can take more rows than a training micro-batch; fewer, larger forwards cost the host less); null = micro_batch_size. Without max_tokens_per_micro_batch only (verl: log_prob_micro_batch_size_per_gpu)
+    logprob_micro_batch_size: int | None = None
+    # doc: tokens per forward of the logprob pass, with max_tokens_per_micro_batch only; null = max_tokens_per_micro_batch (verl: log_prob_max_token_len_per_gpu)
+    logprob_max_tokens_per_micro_batch: int | None = None
     # doc: each micro-batch runs as one row of its sequences' real tokens, no padding. torch backend: block-diagonal causal attention from position ids; with sdpa the mask makes attention cover the whole packed row, so it pays only where padding, not attention, dominates (docs/benchmarks.md). megatron: THD sequences (PackedSeqParams); the TE-free attention runs one SDPA call per sequence (equal to the padded forward on CPU and H200; 1.45x the padded real tokens/s on varied lengths, one GPU; not yet run at TP > 1)
     pack_sequences: bool = False
     global_batch_size: int = 32  # doc: sequences per optimizer step (a minibatch), across DP ranks

@@ -147,14 +147,32 @@ def check_batch_sizes(cfg: Config) -> None:
 
 
 def check_micro_batch_tokens(cfg: Config) -> None:
-    """A token budget per micro-batch holds the longest row a step can have (it runs alone)."""
-    budget = cfg.actor.max_tokens_per_micro_batch
+    """A token budget per micro-batch holds the longest row a step can have (it runs alone); the
+    logprob pass's own size applies to the way micro-batches are formed (rows or a budget)."""
+    actor = cfg.actor
+    budget = actor.max_tokens_per_micro_batch
     prompt, response = cfg.data.max_prompt_length, cfg.algorithm.sampling_params.max_new_tokens
-    if budget is not None and budget < prompt + response:
+    for key, value in (
+        ("max_tokens_per_micro_batch", budget),
+        ("logprob_max_tokens_per_micro_batch", actor.logprob_max_tokens_per_micro_batch),
+    ):
+        if value is not None and value < prompt + response:
+            raise ConfigError(
+                f"actor.{key}: {value} < the longest possible row, data.max_prompt_length "
+                f"({prompt}) + algorithm.sampling_params.max_new_tokens ({response}) = {prompt + response} tokens; "
+                "raise it, or set null"
+            )
+    if budget is None and actor.logprob_max_tokens_per_micro_batch is not None:
         raise ConfigError(
-            f"actor.max_tokens_per_micro_batch: {budget} < the longest possible row, data.max_prompt_length "
-            f"({prompt}) + algorithm.sampling_params.max_new_tokens ({response}) = {prompt + response} tokens; "
-            "raise it, or set null for micro-batches of actor.micro_batch_size rows"
+            f"actor.logprob_max_tokens_per_micro_batch: {actor.logprob_max_tokens_per_micro_batch} needs "
+            "actor.max_tokens_per_micro_batch (micro-batches by tokens); without it the logprob pass takes "
+            "actor.logprob_micro_batch_size rows"
+        )
+    if budget is not None and actor.logprob_micro_batch_size is not None:
+        raise ConfigError(
+            f"actor.logprob_micro_batch_size: {actor.logprob_micro_batch_size} counts rows, but "
+            f"actor.max_tokens_per_micro_batch ({budget}) forms micro-batches by tokens; set "
+            "actor.logprob_max_tokens_per_micro_batch instead"
         )
 
 

@@ -180,8 +180,12 @@ def memory_plan(cfg, hf: dict, gpu_bytes: float) -> MemoryPlan:
         params.dense / dense_shard + params.experts / expert_shard
     )
 
-    tokens = cfg.actor.max_tokens_per_micro_batch or cfg.actor.micro_batch_size * cfg.actor.seq_length
+    a = cfg.actor
+    tokens = a.max_tokens_per_micro_batch or a.micro_batch_size * a.seq_length
     activations = activation_bytes(hf, tokens, tp)
+    # the training estimate at the logprob pass's size: an upper bound, as that pass keeps nothing
+    logprob_tokens = a.logprob_max_tokens_per_micro_batch or a.max_tokens_per_micro_batch
+    logprob_tokens = logprob_tokens or (a.logprob_micro_batch_size or a.micro_batch_size) * a.seq_length
     engine_static = cfg.rollout.gpu_memory_utilization * gpu_bytes
     engine_weights = DTYPE_BYTES[cfg.rollout.model.precision] * params.total  # its shard, as the actor's
     largest = DTYPE_BYTES[m.precision] * largest_tensor_numel(hf)
@@ -190,7 +194,7 @@ def memory_plan(cfg, hf: dict, gpu_bytes: float) -> MemoryPlan:
     phases = [
         Phase("rollout, actor offloaded", 0, engine_static),
         Phase("rollout, actor resident (auto, when it fits)", static, engine_static),
-        Phase("logprob recompute (engine released)", static + activations, 0),
+        Phase("logprob recompute (engine released)", static + activation_bytes(hf, logprob_tokens, tp), 0),
         Phase("train, one micro-batch (engine released)", static + activations, 0),
         Phase("weight sync peak (engine weights resumed)", static, engine_weights, export_peak),
     ]

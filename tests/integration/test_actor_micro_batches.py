@@ -53,3 +53,44 @@ def test_token_budget_gives_the_logprobs_and_the_step_of_fixed_micro_batches(
         assert abs(packed_metrics[name] - fixed_metrics[name]) <= 1e-6 * max(1.0, abs(fixed_metrics[name])), (
             name
         )
+
+
+@pytest.mark.parametrize(
+    ("sizes", "forwards"),
+    [
+        ({"actor.logprob_micro_batch_size": 8}, 2),
+        (
+            {
+                "actor.max_tokens_per_micro_batch": BUDGET,
+                "actor.logprob_max_tokens_per_micro_batch": 4 * BUDGET,
+            },
+            None,
+        ),
+    ],
+    ids=["rows", "tokens"],
+)
+def test_the_logprob_pass_takes_its_own_micro_batch_size(random_tiny_checkpoint, tmp_path, sizes, forwards):
+    """The logprob pass forms fewer, larger micro-batches than training and recomputes the same
+    logprobs; training keeps its own."""
+    vocab = json.loads((random_tiny_checkpoint / "config.json").read_text())["vocab_size"]
+    batch = batch_with_lengths(PROMPTS, RESPONSES, vocab=vocab, seed=5)
+    training_sized = {k: v for k, v in sizes.items() if "logprob" not in k}
+    base = TorchActor(small_config(random_tiny_checkpoint, tmp_path, **{**OVERRIDES, **training_sized}))
+    actor = TorchActor(small_config(random_tiny_checkpoint, tmp_path, **{**OVERRIDES, **sizes}))
+    train_plan = micro_batch_rows(actor, batch, actor.settings)
+    logprob_plan = micro_batch_rows(actor, batch, actor.settings.for_logprobs())
+    assert train_plan == micro_batch_rows(base, batch, base.settings)
+    assert len(logprob_plan) < len(train_plan)
+    if forwards is not None:
+        assert len(logprob_plan) == forwards
+
+    calls = []
+    forward = actor._logprobs  # one micro-batch's forward
+    actor._logprobs = lambda *a, **kw: calls.append(1) or forward(*a, **kw)
+    try:
+        larger = with_logprobs(batch, [actor.compute_logprobs(batch)])
+    finally:
+        del actor._logprobs
+    assert len(calls) == len(logprob_plan)
+    old = with_logprobs(batch, [base.compute_logprobs(batch)])
+    assert torch.allclose(larger.old_logprobs, old.old_logprobs, rtol=0, atol=1e-6)

@@ -148,6 +148,24 @@ CASES = [
         "actor.max_tokens_per_micro_batch: 127 < the longest possible row",
     ),
     (
+        "check_micro_batch_tokens",
+        TINY,
+        ["actor.max_tokens_per_micro_batch=512", "actor.logprob_max_tokens_per_micro_batch=127"],
+        "actor.logprob_max_tokens_per_micro_batch: 127 < the longest possible row",
+    ),
+    (
+        "check_micro_batch_tokens",
+        TINY,
+        ["actor.logprob_max_tokens_per_micro_batch=1024"],
+        "actor.logprob_max_tokens_per_micro_batch: 1024 needs actor.max_tokens_per_micro_batch",
+    ),
+    (
+        "check_micro_batch_tokens",
+        TINY,
+        ["actor.max_tokens_per_micro_batch=512", "actor.logprob_micro_batch_size=8"],
+        "actor.logprob_micro_batch_size: 8 counts rows, but actor.max_tokens_per_micro_batch (512)",
+    ),
+    (
         "check_sglang_parallelism",
         MOONLIGHT,
         ["cluster.num_nodes=2", "rollout.tensor_parallel_size=16"],

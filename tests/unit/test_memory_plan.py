@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from rlinf.config import load_config
-from rlinf.models.memory_plan import GPU_BYTES, MIB, largest_tensor_numel, main, memory_plan, rank_params
+from rlinf.models.memory_plan import (
+    GPU_BYTES,
+    MIB,
+    activation_bytes,
+    largest_tensor_numel,
+    main,
+    memory_plan,
+    rank_params,
+)
 
 MOONLIGHT = Path(__file__).parents[1] / "fixtures" / "moonlight-16b-a3b-config.json"
 RECIPE = "moonlight-16b-grpo-megatron"
@@ -57,6 +65,15 @@ def test_phases_follow_the_recipe(moonlight):
     assert sync.total == pytest.approx(plan.static_actor + 2 * params + plan.export_peak)
     bigger = memory_plan(load_config(RECIPE, ["rollout.weight_sync_bucket_mb=2048"]), moonlight, gpu)
     assert bigger.export_peak == 2 * 2048 * MIB + 2 * lm_head
+    logprobs, train = "logprob recompute (engine released)", "train, one micro-batch (engine released)"
+    assert phases[logprobs].total == phases[train].total  # the logprob pass runs training's size
+    four = {
+        p.name: p
+        for p in memory_plan(load_config(RECIPE, ["actor.logprob_micro_batch_size=4"]), moonlight, gpu).phases
+    }
+    seq = cfg.actor.seq_length
+    assert four[train].total == phases[train].total
+    assert four[logprobs].actor == pytest.approx(plan.static_actor + activation_bytes(moonlight, 4 * seq, 8))
 
 
 def test_the_command_prints_a_table_and_refuses_a_missing_config(moonlight, capsys, tmp_path):

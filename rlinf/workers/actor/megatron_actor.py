@@ -243,7 +243,7 @@ class MegatronActor(MegatronForward, MegatronActorState, ActorWorker, PolicyUpda
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         for chunk in self.model:
             chunk.eval()
-        plan = micro_batch_rows(self, rows, self.settings)
+        plan = micro_batch_rows(self, rows, self.settings.for_logprobs())
         self._pop_routing_seconds()
         self.routing_counting = True
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,6 +62,8 @@ class UpdateSettings:
     max_consecutive_skips: int
     max_tokens_per_micro_batch: int | None = None  # tokens per forward; None: micro_batch_size rows
     pack_sequences: bool = False  # a forward runs its rows' real tokens only (torch backend)
+    logprob_micro_batch_size: int | None = None  # the logprob pass's; None: micro_batch_size
+    logprob_max_tokens_per_micro_batch: int | None = None  # None: max_tokens_per_micro_batch
 
     @classmethod
     def from_config(cls, cfg: Config) -> UpdateSettings:
@@ -74,6 +76,18 @@ class UpdateSettings:
             max_consecutive_skips=cfg.runner.max_consecutive_skips,
             max_tokens_per_micro_batch=cfg.actor.max_tokens_per_micro_batch,
             pack_sequences=cfg.actor.pack_sequences,
+            logprob_micro_batch_size=cfg.actor.logprob_micro_batch_size,
+            logprob_max_tokens_per_micro_batch=cfg.actor.logprob_max_tokens_per_micro_batch,
+        )
+
+    def for_logprobs(self) -> UpdateSettings:
+        """The micro-batch sizes of the logprob pass (the same way of forming them as training's)."""
+        return replace(
+            self,
+            micro_batch_size=self.logprob_micro_batch_size or self.micro_batch_size,
+            max_tokens_per_micro_batch=(
+                self.logprob_max_tokens_per_micro_batch or self.max_tokens_per_micro_batch
+            ),
         )
 
 

@@ -167,7 +167,7 @@ class TorchActor(ActorWorker, PolicyUpdateBackend):
         )
 
     def policy_logprobs(self, rows: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        plan = micro_batch_rows(self, rows, self.settings)
+        plan = micro_batch_rows(self, rows, self.settings.for_logprobs())
         self._pop_routing_seconds()
         old = self._recompute(self.model, rows, plan)
         return old, self._recompute(self.reference, rows, plan) if self.reference is not None else None
