@@ -18,7 +18,7 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
 (qk_dim + v_dim) x mean context. The logprob recompute is not timed.
 
     python -m benchmarks.actor_throughput --model DIR [--precision bf16] [--rows 16]
-        [--prompt 256] [--response 768] [--steps 2] [--repeats 3] [--micro-batch 4] [--peak-tflops 989]
+        [--prompt 256] [--response 768] [--steps 2] [--repeats 3] [--micro-batch 4] [--logprob-micro-batch N] [--peak-tflops 989]
         [--recipe moonlight-16b-grpo-megatron]
         [--profile DIR]  # then a GPU-only trace of one more train call per run, summarised
                          # (busy / idle share, top kernels; benchmarks/trace_summary.py)
@@ -366,6 +366,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--response", type=int, default=768)
     parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument(
+        "--logprob-micro-batch",
+        type=int,
+        default=None,
+        help="actor.logprob_micro_batch_size (default: --micro-batch)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="timed train calls per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per actor; figures are their medians")
     parser.add_argument(
@@ -408,6 +414,7 @@ def main() -> None:
         algorithm=AlgorithmConfig(),
         actor=ActorConfig(
             micro_batch_size=args.micro_batch,
+            logprob_micro_batch_size=args.logprob_micro_batch,
             global_batch_size=args.rows,  # one optimizer step per train call
             seq_length=args.prompt + args.response,
             model=model,
@@ -440,6 +447,7 @@ def main() -> None:
         "precision": args.precision,
         "tokens_per_train_call": tokens,
         "micro_batch_size": args.micro_batch,
+        "logprob_micro_batch_size": args.logprob_micro_batch or args.micro_batch,
         "megatron_moe_grouped_gemm": args.megatron_grouped_gemm,
         "model_tflop_per_call": flops / 1e12,
         "recipe_optim": args.recipe,
