@@ -8,7 +8,8 @@
 # wheel folder, tests/gpu/README.md), else the TE-free one; RLINF_MEGATRON_TE=off forces the latter.
 #
 #   smoke  GPU-tiny fp32: logprobs vs HF, export, one minibatch vs the torch actor
-#   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice)
+#   actor  tests/gpu/test_megatron_actor.py (GPU-tiny and the 4-layer Moonlight slice) and
+#          test_fused_logprobs_gpu.py (the logprob kernels), then benchmarks/logprob_kernels.py
 #   te-free-spec  (not in `all`) with TE installed: the spec test again under RLINF_MEGATRON_TE=off
 #   grpo   tests/gpu/test_megatron_grpo.py: GRPO steps through the runner (Ray, torch rollout)
 #   bench  benchmarks/actor_throughput.py on the Moonlight slice (Megatron vs HF actor; with TE e.g.
@@ -81,7 +82,9 @@ mode=${1:-all}
 case "$mode" in
   smoke) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py \
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
-  actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;&
+  actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py tests/gpu/test_fused_logprobs_gpu.py \
+    "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40
+    run timeout 180 python3 -m benchmarks.logprob_kernels | tee -a "$RLINF_GPU_FIGURES" ;;&
   te-free-spec) run env RLINF_MEGATRON_TE=off timeout 120 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k spec 2>&1 | tail -n 20 ;;
   grpo|all) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
   bench|all) bench --profile $tmp/actor-profile "${@:2}" ;;
