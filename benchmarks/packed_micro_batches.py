@@ -84,8 +84,10 @@ def main() -> None:
     lengths = row_lengths(data)
     result: dict = {"benchmark": "packed_micro_batches", "backend": args.backend, "model": model, "rows": args.rows,
                     "real_tokens": real, "budget": args.budget}  # fmt: skip
-    weights = {}
+    weights, actor = {}, None
     for mode, pack in (("padded", False), ("packed", True)):
+        if actor is not None:  # two Megatron actors of the slice with their optimizers outgrow an 80 GB GPU
+            release(actor)
         overrides = [
             f"actor.model.model_path={model}",
             f"actor.model.precision={args.precision}",
@@ -111,7 +113,6 @@ def main() -> None:
         result[mode] = {"seconds_per_train_call": round(seconds, 3), "real_tokens_per_s": round(real / seconds, 1),
                         "tokens_run": ran, "micro_batches": len(plan)}  # fmt: skip
         print(json.dumps({mode: result[mode]}), file=sys.stderr, flush=True)
-        release(actor)  # two Megatron actors of the slice with their optimizers outgrow an 80 GB GPU
     result["speedup"] = round(
         result["padded"]["seconds_per_train_call"] / result["packed"]["seconds_per_train_call"], 2
     )
