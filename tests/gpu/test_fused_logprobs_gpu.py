@@ -31,7 +31,7 @@ def test_kernels_equal_the_chunked_path_and_a_float64_reference(cuda, monkeypatc
     g = torch.Generator(device=cuda).manual_seed(3)
     # peaked rows, as a trained model's: one large logit among noise
     logits = torch.randn(ROWS, VOCAB, device=cuda, generator=g) * 2
-    logits[torch.arange(ROWS), torch.randint(0, VOCAB, (ROWS,), device=cuda, generator=g)] += 12
+    logits[torch.arange(ROWS, device=cuda), torch.randint(0, VOCAB, (ROWS,), device=cuda, generator=g)] += 12
     logits = logits.bfloat16()
     targets = torch.randint(0, VOCAB, (ROWS,), device=cuda, generator=g)
     weights = torch.randn(2, ROWS, device=cuda, generator=g)
