@@ -46,8 +46,7 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
     """The softmax over 160k-token vocabularies is memory-bound, so every full-size pass counts: the
     kernels make one (two in the backward), and the chunked torch path does each chunk's fp32 work
     in place on one upcast copy where it can. An output the loss does not use (the entropy, when it
-    is only a metric) costs nothing in the chunked backward, and its zero gradient no pass of its
-    own in the kernel's."""
+    is only a metric) costs no pass in either backward: the kernel's takes its gradient as zeros."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, vocab_start, group):
