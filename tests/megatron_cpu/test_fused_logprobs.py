@@ -41,7 +41,7 @@ def inputs(seed=0, shape=(3, 5), vocab=VOCAB, rising=False):
 def run(logits, targets, w_lp, w_h, temperature, *, use=("logprobs", "entropy"), **kw):
     from rlinf.models.megatron.logprobs import vocab_parallel_logprobs
 
-    x = logits.clone().requires_grad_(True)
+    x = logits.detach().requires_grad_(True)  # a leaf with the logits' strides
     lp, h = vocab_parallel_logprobs(x, targets, temperature=temperature, **kw)
     if "sums" in use:  # the gradients arrive as expanded scalars (stride 0)
         (lp.sum() + h.sum()).backward()

@@ -64,7 +64,6 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         if kernels is None:
             row_max, stats = _chunked_stats(flat, local_target, owned, inv_t, group)
         else:
-            flat = flat if flat.stride(-1) == 1 else flat.contiguous()
             row_max, stats = _fused_stats(kernels, flat, local_target, owned, inv_t, group)
         _all_reduce(stats, dist.ReduceOp.SUM, group)
 
@@ -92,7 +91,6 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
             # one float per row, read at its index: an incoming gradient may be an expanded scalar
             g_lp, g_h = (torch.zeros_like(log_z) if g is None else g.contiguous() for g in (g_lp, g_h))
             target = torch.where(owned, local_target, -1)
-            flat = flat if flat.stride(-1) == 1 else flat.contiguous()
             grad = kernels.slice_grad(flat, log_z, entropy, g_lp, g_h, target, inv_t)
         return grad.reshape(logits.shape), None, None, None, None
 

@@ -49,12 +49,12 @@ def _slice_stats_kernel(logits_ptr, row_stride, m_ptr, s_ptr, u_ptr, num_cols, i
 
 @triton.jit
 def _slice_grad_kernel(
-    logits_ptr, row_stride, grad_ptr, log_z_ptr, entropy_ptr, g_lp_ptr, g_h_ptr, target_ptr,
-    num_cols, inv_t, BLOCK: tl.constexpr,
+    logits_ptr, row_stride, grad_ptr, grad_row_stride, log_z_ptr, entropy_ptr, g_lp_ptr, g_h_ptr,
+    target_ptr, num_cols, inv_t, BLOCK: tl.constexpr,
 ):  # fmt: skip
     # d logp(target) / dx_k = 1[k = target] - p_k;  d H / dx_k = -p_k (log p_k + H); times 1 / T
-    row = tl.program_id(0)
-    base = row.to(tl.int64) * row_stride
+    row = tl.program_id(0).to(tl.int64)
+    logits_row, grad_row = logits_ptr + row * row_stride, grad_ptr + row * grad_row_stride
     log_z = tl.load(log_z_ptr + row)
     entropy = tl.load(entropy_ptr + row)
     g_lp = tl.load(g_lp_ptr + row)
@@ -63,17 +63,18 @@ def _slice_grad_kernel(
     for start in range(0, num_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         inside = cols < num_cols
-        x = tl.load(logits_ptr + base + cols, mask=inside, other=0.0).to(tl.float32)
+        x = tl.load(logits_row + cols, mask=inside, other=0.0).to(tl.float32)
         logp = x * inv_t - log_z
         p = tl.exp(logp)
         g = -p * (g_lp + g_h * (logp + entropy)) + tl.where(cols == target, g_lp, 0.0)
         out = (g * inv_t).to(grad_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # as torch rounds
-        tl.store(grad_ptr + base + cols, out, mask=inside)
+        tl.store(grad_row + cols, out, mask=inside)
 
 
 def slice_stats(flat: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row of `flat` [n, V_local] (unit stride along the vocabulary): (m, s, u), fp32 [n] each,
-    of x = flat / T: m = max x, s = sum exp(x - m), u = sum exp(x - m) (x - m)."""
+    """Per row of `flat` [n, V_local]: (m, s, u), fp32 [n] each, of x = flat / T: m = max x,
+    s = sum exp(x - m), u = sum exp(x - m) (x - m)."""
+    flat = _unit_column_stride(flat)
     n, num_cols = flat.shape
     m, s, u = (torch.empty(n, dtype=torch.float32, device=flat.device) for _ in range(3))
     if n:
@@ -95,15 +96,22 @@ def slice_grad(
     """The gradient of sum(g_lp * logprob + g_h * entropy) with respect to `flat` [n, V_local], in
     its dtype. log_z, entropy, g_lp, g_h: fp32 [n]; local_target: int [n], -1 where the target
     lies outside this slice."""
-    grad = torch.empty_like(flat)
+    flat = _unit_column_stride(flat)
+    grad = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device)  # contiguous, whatever flat's rows
     n, num_cols = flat.shape
     if n:
         _slice_grad_kernel[(n,)](
-            flat, flat.stride(0), grad, log_z, entropy, g_lp, g_h, local_target, num_cols, inv_t,
-            BLOCK=_block(num_cols), num_warps=NUM_WARPS,
+            flat, flat.stride(0), grad, grad.stride(0), log_z, entropy, g_lp, g_h, local_target,
+            num_cols, inv_t, BLOCK=_block(num_cols), num_warps=NUM_WARPS,
         )  # fmt: skip
     return grad
 
 
 def _block(num_cols: int) -> int:
     return min(BLOCK, triton.next_power_of_2(max(num_cols, 16)))
+
+
+def _unit_column_stride(flat: torch.Tensor) -> torch.Tensor:
+    """The kernels step along a row one element at a time and between rows by a row stride of
+    their own (a tensor-parallel slice of wider logits is read in place)."""
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
