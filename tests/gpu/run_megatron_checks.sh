@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Megatron actor's GPU checks (docs/megatron.md, "GPU checks"; setup: tests/gpu/README.md):
 #
-#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|host|bf16-ops|rank-emulation|all] [args]
+#   bash tests/gpu/run_megatron_checks.sh [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|graph-replays|host|bf16-ops|rank-emulation|all] [args]
 #   (default: all; `actor` passes args to pytest, `bench` to the benchmark)
 #
 # Each runs the spec this machine offers: Transformer Engine's when TE is importable (e.g. the .wte
@@ -37,6 +37,11 @@
 #          --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine`; GPU
 #          busy / idle / kernels of each). The emulated TP=8/EP=8 rank with graphs: `rank-emulation
 #          --megatron-setting cuda_graph_impl=transformer_engine`
+#   graph-replays  (not in `all`; needs TE) tests/gpu/test_megatron_graph_replays.py: eager twice and
+#          graphed three times from the same weights after each of three train calls (slice), one
+#          process per variant: the Triton logprob kernels, the chunked torch path, the kernels with
+#          device syncs around them, the kernels with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, and with
+#          NVTE_FUSED_ATTN=0; every pass's gradient difference in the figures
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -118,6 +123,13 @@ case "$mode" in
     run timeout "${GRAPHS_TIMEOUT:-300}" "${PYTEST[@]}" tests/gpu/test_megatron_cuda_graphs.py 2>&1 | grep -v "^  \|^$" | tail -n 40
     BENCH_TIMEOUT=${BENCH_TIMEOUT:-360} bench --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine \
       --profile $tmp/actor-profile-graphs "${@:2}" ;;
+  graph-replays)
+    python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
+    for variant in kernels chunked synced kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:NVTE_FUSED_ATTN=0; do
+      extra=(); [[ $variant == *:* ]] && extra=("${variant#*:}")
+      run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 200 "${PYTEST[@]}" \
+        tests/gpu/test_megatron_graph_replays.py 2>&1 | grep -v "^  \|^$" | tail -n 4
+    done ;;
   rank-emulation)
     config=$RLINF_GPU_TEST_DIR/moonlight-config-only
     mkdir -p "$config" && cp tests/fixtures/moonlight-16b-a3b-config.json "$config/config.json"
@@ -125,7 +137,7 @@ case "$mode" in
       --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
       --profile $tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
-  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|graph-replays|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
 esac
 cp -f "$RLINF_GPU_FIGURES" "$OUT/" 2>/dev/null
 [ -e "$failed" ] && { rm -f "$failed"; status=1; }
