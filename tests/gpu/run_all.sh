@@ -11,8 +11,7 @@
 #   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
 #                                      experts                              (85 s on an H100)
 #   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager, then the slice
-#                                      benchmark: HF, eager, graphed (needs TE; 234 s on an H100
-#                                      without HF)
+#                                      benchmark: HF, eager, graphed (needs TE; 253 s on an H100)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
 #                                      the runner's memory order             (87 s on an H100)
 #   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
