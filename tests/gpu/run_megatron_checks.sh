@@ -41,7 +41,9 @@
 #          graphed three times from the same weights after each of three train calls (slice), one
 #          process per variant: the Triton logprob kernels, the chunked torch path, the kernels with
 #          device syncs around them, the kernels with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, and with
-#          NVTE_FUSED_ATTN=0; every pass's gradient difference in the figures
+#          NVTE_FUSED_ATTN=0; every pass's gradient difference in the figures. Arguments pick variants:
+#          VARIANT[:ENV=VALUE] (kernels, chunked, synced, synced-before, synced-after), e.g.
+#          `graph-replays synced-before synced-after kernels:CUDA_LAUNCH_BLOCKING=1`
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -125,7 +127,9 @@ case "$mode" in
       --profile $tmp/actor-profile-graphs "${@:2}" ;;
   graph-replays)
     python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
-    for variant in kernels chunked synced kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:NVTE_FUSED_ATTN=0; do
+    variants=("${@:2}")  # default: all but the one-sided syncs and CUDA_LAUNCH_BLOCKING=1
+    [ ${#variants[@]} -gt 0 ] || variants=(kernels chunked synced kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:NVTE_FUSED_ATTN=0)
+    for variant in "${variants[@]}"; do
       extra=(); [[ $variant == *:* ]] && extra=("${variant#*:}")
       run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 200 "${PYTEST[@]}" \
         tests/gpu/test_megatron_graph_replays.py 2>&1 | grep -v "^  \|^$" | tail -n 4

@@ -9,7 +9,8 @@ head, one variant per process (the graph actor sets the process's stream and TE'
 
 - `kernels` (default): the Triton logprob kernels, as the actor runs on a GPU;
 - `chunked`: the chunked torch logprob path;
-- `synced`: the kernels, with the device synchronised before and after each launch.
+- `synced`: the kernels, with the device synchronised before and after each launch;
+- `synced-before` / `synced-after`: only before, or only after, each launch.
 
 Every pass's gradient difference against the first eager pass is recorded. Run:
 bash tests/gpu/run_megatron_checks.sh graph-replays (every variant, and the kernels under
@@ -34,7 +35,7 @@ from test_megatron_cuda_graphs import (  # noqa: F401  (transformer_engine: a fi
     transformer_engine,
 )
 
-VARIANTS = ("kernels", "chunked", "synced")
+VARIANTS = ("kernels", "chunked", "synced", "synced-before", "synced-after")
 
 
 def main_grads(actor) -> dict[str, torch.Tensor]:
@@ -60,14 +61,17 @@ def use_variant(variant: str) -> None:
 
     if variant == "chunked":
         logprobs._kernels = lambda flat: None
-    elif variant == "synced":
+    elif variant.startswith("synced"):
+        before, after = variant != "synced-after", variant != "synced-before"
         for name in ("slice_stats", "slice_grad"):
             launch = getattr(logprobs_triton, name)
 
             def synced(*args, _launch=launch, **kwargs):
-                torch.cuda.synchronize()
+                if before:
+                    torch.cuda.synchronize()
                 out = _launch(*args, **kwargs)
-                torch.cuda.synchronize()
+                if after:
+                    torch.cuda.synchronize()
                 return out
 
             setattr(logprobs_triton, name, synced)
