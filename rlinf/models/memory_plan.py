@@ -239,9 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", nargs="?", default="moonlight-16b-grpo-megatron")
     parser.add_argument("--hf-config", required=True, help="the model's config.json")
-    parser.add_argument("--gpu", nargs="+", default=list(GPU_BYTES), choices=list(GPU_BYTES))
+    parser.add_argument(
+        "--gpu",
+        action="append",
+        choices=list(GPU_BYTES),
+        help="one GPU's table (repeatable; default: every GPU's)",
+    )
     parser.add_argument("overrides", nargs="*", default=[], help="recipe overrides (Hydra syntax)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     from rlinf.config import ConfigError, load_config
 
     try:
@@ -251,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load_config(args.recipe, args.overrides)
-        tables = [format_plan(memory_plan(cfg, hf, GPU_BYTES[g]), g, GPU_BYTES[g]) for g in args.gpu]
+        tables = [
+            format_plan(memory_plan(cfg, hf, GPU_BYTES[g]), g, GPU_BYTES[g]) for g in args.gpu or GPU_BYTES
+        ]
     except KeyError as err:
         print(f"memory_plan: {args.hf_config}: no field {err} (not a DeepSeek-V3 config?)", file=sys.stderr)
         return 2

@@ -66,20 +66,31 @@ def test_phases_follow_the_recipe(moonlight):
     bigger = memory_plan(load_config(RECIPE, ["rollout.weight_sync_bucket_mb=2048"]), moonlight, gpu)
     assert bigger.export_peak == 2 * 2048 * MIB + 2 * lm_head
     logprobs, train = "logprob recompute (engine released)", "train, one micro-batch (engine released)"
-    assert phases[logprobs].total == phases[train].total  # the logprob pass runs training's size
-    four = {
-        p.name: p
-        for p in memory_plan(load_config(RECIPE, ["actor.logprob_micro_batch_size=4"]), moonlight, gpu).phases
-    }
     seq = cfg.actor.seq_length
-    assert four[train].total == phases[train].total
-    assert four[logprobs].actor == pytest.approx(plan.static_actor + activation_bytes(moonlight, 4 * seq, 8))
+    assert cfg.actor.logprob_micro_batch_size == 4  # the recipe's: four sequences a logprob forward
+    assert phases[logprobs].actor == pytest.approx(
+        plan.static_actor + activation_bytes(moonlight, 4 * seq, 8)
+    )
+    unset = {
+        p.name: p
+        for p in memory_plan(
+            load_config(RECIPE, ["actor.logprob_micro_batch_size=null"]), moonlight, gpu
+        ).phases
+    }
+    assert unset[train].total == phases[train].total
+    assert unset[logprobs].total == unset[train].total  # unset, the logprob pass runs training's size
 
 
 def test_the_command_prints_a_table_and_refuses_a_missing_config(moonlight, capsys, tmp_path):
     assert main([RECIPE, "--hf-config", str(MOONLIGHT), "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
     assert "| weight sync peak (engine weights resumed) | 26.4 | 3.8 | 2.50 | 32.7 | 41% |" in out
+    # overrides after the options, as the usage line shows them
+    assert (
+        main([RECIPE, "--hf-config", str(MOONLIGHT), "--gpu", "H100", "rollout.weight_sync_bucket_mb=2048"])
+        == 0
+    )
+    assert "| weight sync peak (engine weights resumed) | 26.4 | 3.8 | 5.25 |" in capsys.readouterr().out
     missing = tmp_path / "config.json"
     assert main([RECIPE, "--hf-config", str(missing)]) == 2
     assert capsys.readouterr().err.startswith(f"memory_plan: {missing}: unreadable HF config")
