@@ -171,8 +171,8 @@ def check_micro_batch_tokens(cfg: Config) -> None:
     if budget is not None and actor.logprob_micro_batch_size is not None:
         raise ConfigError(
             f"actor.logprob_micro_batch_size: {actor.logprob_micro_batch_size} counts rows, but "
-            f"actor.max_tokens_per_micro_batch ({budget}) forms micro-batches by tokens; set "
-            "actor.logprob_max_tokens_per_micro_batch instead"
+            f"actor.max_tokens_per_micro_batch ({budget}) forms micro-batches by tokens; set it to null "
+            "(the logprob pass then takes the training budget, or actor.logprob_max_tokens_per_micro_batch)"
         )
 
 

@@ -58,6 +58,7 @@ def test_the_recipe_key_turns_on_te_graphs_of_attention_router_and_preprocess():
             [
                 "actor.pack_sequences=true",
                 "actor.max_tokens_per_micro_batch=20001",
+                "actor.logprob_micro_batch_size=null",  # the recipe's counts rows
                 "actor.model.cuda_graph_modules=[moe_router,moe_preprocess]",
             ],
             TrainShape(1, 20008),
@@ -114,7 +115,7 @@ REFUSED = [
         "actor.model.cuda_graph_modules: attn cannot run with actor.pack_sequences",
     ),
     (
-        ["actor.max_tokens_per_micro_batch=16384"],
+        ["actor.max_tokens_per_micro_batch=16384", "actor.logprob_micro_batch_size=null"],
         True,
         "actor.model.cuda_graph_impl: transformer_engine needs one micro-batch shape; actor.max_tokens_per_micro_batch",
     ),
