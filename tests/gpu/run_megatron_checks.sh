@@ -38,11 +38,12 @@
 #          busy / idle / kernels of each). The emulated TP=8/EP=8 rank with graphs: `rank-emulation
 #          --megatron-setting cuda_graph_impl=transformer_engine`
 #   graph-replays  (not in `all`; needs TE) tests/gpu/test_megatron_graph_replays.py: eager twice and
-#          graphed three times from the same weights after each of three train calls (slice), one
-#          process per variant: the Triton logprob kernels, the chunked torch path, the kernels with
-#          device syncs around them, the kernels with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, and with
-#          NVTE_FUSED_ATTN=0; every pass's gradient difference in the figures. Arguments pick variants:
-#          VARIANT[:ENV=VALUE] (kernels, chunked, synced, synced-before, synced-after), e.g.
+#          graphed four times from the same weights after each of four train calls (slice), one
+#          process per variant, each about 90 s: the Triton logprob kernels with TE's shared graph
+#          buffers off, with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, with unfused core attention, with
+#          the MLA RoPE fusion off; then as shipped; then the chunked torch path; every pass's
+#          gradient difference in the figures. Arguments pick variants, VARIANT[:ENV=VALUE]
+#          (kernels, chunked, synced, synced-before, synced-after), e.g.
 #          `graph-replays synced-before synced-after kernels:CUDA_LAUNCH_BLOCKING=1`
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
@@ -127,8 +128,10 @@ case "$mode" in
       --profile $tmp/actor-profile-graphs "${@:2}" ;;
   graph-replays)
     python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
-    variants=("${@:2}")  # default: all but the one-sided syncs and CUDA_LAUNCH_BLOCKING=1
-    [ ${#variants[@]} -gt 0 ] || variants=(kernels chunked synced kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:NVTE_FUSED_ATTN=0)
+    variants=("${@:2}")
+    [ ${#variants[@]} -gt 0 ] || variants=(kernels:RLINF_REPLAY_BUFFER_REUSE=0 kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+      kernels:RLINF_REPLAY_SETTINGS=attention_backend=unfused kernels:RLINF_REPLAY_SETTINGS=apply_rope_fusion=false
+      kernels chunked)
     for variant in "${variants[@]}"; do
       extra=(); [[ $variant == *:* ]] && extra=("${variant#*:}")
       run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 200 "${PYTEST[@]}" \

@@ -1,6 +1,6 @@
 """Repeated passes of the Megatron actor's train path from the same weights and micro-batches give
-the same gradients, bit for bit: eager twice, then graphed three times (per-layer CUDA graphs,
-`actor.model.cuda_graph_impl: transformer_engine`), after each of three train calls on the slice.
+the same gradients, bit for bit: eager twice, then graphed four times (per-layer CUDA graphs,
+`actor.model.cuda_graph_impl: transformer_engine`), after each of four train calls on the slice.
 
 Eager passes repeat exactly (no atomics in the slice's eager train path). Graphed passes replay the
 same kernels on the same inputs, so any difference between them is a race: a buffer read before it
@@ -12,13 +12,19 @@ head, one variant per process (the graph actor sets the process's stream and TE'
 - `synced`: the kernels, with the device synchronised before and after each launch;
 - `synced-before` / `synced-after`: only before, or only after, each launch.
 
+Two more knobs, for finding the race: `RLINF_REPLAY_SETTINGS` (comma-separated megatron provider
+settings, as benchmarks/actor_throughput.py's --megatron-setting: `attention_backend=unfused`,
+`apply_rope_fusion=false`) and `RLINF_REPLAY_BUFFER_REUSE=0` (Transformer Engine's capture without
+the input / output buffers megatron-core shares between the layers' graphs).
+
 Every pass's gradient difference against the first eager pass is recorded. Run:
-bash tests/gpu/run_megatron_checks.sh graph-replays (every variant, and the kernels under
-NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 and NVTE_FUSED_ATTN=0).
+bash tests/gpu/run_megatron_checks.sh graph-replays (tests/gpu/run_megatron_checks.sh lists the
+variants it runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -36,6 +42,7 @@ from test_megatron_cuda_graphs import (  # noqa: F401  (transformer_engine: a fi
 )
 
 VARIANTS = ("kernels", "chunked", "synced", "synced-before", "synced-after")
+STEPS, GRAPHED_PASSES = 4, 4
 
 
 def main_grads(actor) -> dict[str, torch.Tensor]:
@@ -77,6 +84,29 @@ def use_variant(variant: str) -> None:
             setattr(logprobs_triton, name, synced)
 
 
+def without_buffer_reuse() -> None:
+    """megatron-core captures with TE's `_reuse_graph_input_output_buffers=True` (one layer's graph
+    inputs and outputs reuse another's); capture with it off."""
+    from megatron.core.transformer import cuda_graphs
+
+    capture = cuda_graphs.make_graphed_callables
+
+    def own_buffers(*args, **kwargs):
+        kwargs["_reuse_graph_input_output_buffers"] = False
+        return capture(*args, **kwargs)
+
+    cuda_graphs.make_graphed_callables = own_buffers
+
+
+def provider_settings() -> contextlib.AbstractContextManager:
+    text = os.environ.get("RLINF_REPLAY_SETTINGS", "")
+    if not text:
+        return contextlib.nullcontext()
+    from benchmarks.actor_throughput import parse_setting, provider_overrides
+
+    return provider_overrides({k: v for item in text.split(",") for k, v in parse_setting(item).items()})
+
+
 @pytest.mark.usefixtures("transformer_engine")
 def test_repeated_passes_give_the_same_gradients(moonlight_slice):
     from rlinf.workers.actor.megatron_actor import MegatronActor
@@ -84,11 +114,14 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
     variant = os.environ.get("RLINF_REPLAY_VARIANT", "kernels")
     assert variant in VARIANTS, f"RLINF_REPLAY_VARIANT={variant}: one of {VARIANTS}"
     use_variant(variant)
+    if os.environ.get("RLINF_REPLAY_BUFFER_REUSE") == "0":
+        without_buffer_reuse()
     batch = synthetic_batch(vocab_of(moonlight_slice), rows=ROWS, seed=21)
-    actor = MegatronActor(config(moonlight_slice, packed=False))
+    with provider_settings():
+        actor = MegatronActor(config(moonlight_slice, packed=False))
     passes: list[dict] = []
     try:
-        for step in range(3):
+        for step in range(STEPS):
             actor.train(fresh_old_logprobs(actor, batch), step=step)
             trained = fresh_old_logprobs(actor, batch)
             micros = [trained.select(list(range(i, i + MBS))).trimmed() for i in range(0, ROWS, MBS)]
@@ -102,7 +135,7 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
                 passes.append({"step": step, "pass": "eager", **difference(actor, reference)})
             finally:
                 put_back(held)
-            for replay in range(3):
+            for replay in range(GRAPHED_PASSES):
                 actor.graphs.ensure_captured()
                 one_pass(actor, micros)
                 passes.append({"step": step, "pass": f"graphed {replay}", **difference(actor, reference)})
