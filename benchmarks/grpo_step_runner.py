@@ -182,6 +182,9 @@ def overrides(args, checkpoint: Path, data: Path, out: Path, prompts: int, new_t
         f"actor.seq_length={args.prompt_len + new_tokens}",
         f"actor.global_batch_size={max(1, responses // args.minibatches)}",
         f"actor.micro_batch_size={args.micro_batch}",
+        # the recipe's logprob rows are sized for its own micro-batch; here the logprob pass takes
+        # --logprob-micro-batch rows, or the training micro-batch
+        f"actor.logprob_micro_batch_size={args.logprob_micro_batch or 'null'}",
         f"actor.model.model_path={checkpoint}",
     ]
     if args.smoke:  # the tiny recipe's synthetic arithmetic prompts (the tiny tokenizer has no "t123")
@@ -372,6 +375,12 @@ def main() -> None:
         "--minibatches", type=int, default=4, help="optimizer steps per GRPO step (recipe: 4)"
     )
     parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument(
+        "--logprob-micro-batch",
+        type=int,
+        default=None,
+        help="rows a logprob forward (default: --micro-batch)",
+    )
     parser.add_argument("--rollout-memory", type=float, default=0.5)
     parser.add_argument("--reward-workers", type=int, default=8)
     parser.add_argument("--sweep-new-tokens", default="")

@@ -77,6 +77,7 @@ def test_each_staleness_run_is_a_valid_recipe_that_differs_only_in_the_bound(tmp
     args = SimpleNamespace(
         steps=4, save_at_end=False, group_size=8, minibatches=4, prompt_len=256, micro_batch=8, smoke=False,
         actor="megatron", rollout="sglang", rollout_memory=0.5, reward_workers=2, override=[],
+        logprob_micro_batch=None,
     )  # fmt: skip
     runs = staleness_runs("0,1", 32, 512)
     assert [r[0] for r in runs] == ["staleness_0", "staleness_1"]
@@ -86,3 +87,8 @@ def test_each_staleness_run_is_a_valid_recipe_that_differs_only_in_the_bound(tmp
     assert all(c.actor.offload_between_phases is False for c in configs)
     assert all(c.algorithm.rollout_is.mode == "token_tis" and c.algorithm.recompute_logprobs for c in configs)
     assert {c.actor.global_batch_size for c in configs} == {64}
+    # the logprob pass follows the runner's micro-batch, not the recipe's rows for its own
+    assert {(c.actor.micro_batch_size, c.actor.logprob_micro_batch_size) for c in configs} == {(8, None)}
+    args.logprob_micro_batch = 32
+    wider = overrides(args, tmp_path / "ckpt", tmp_path / "prompts.jsonl", tmp_path / "out", 32, 512)
+    assert load_config("moonlight-16b-grpo-megatron", wider).actor.logprob_micro_batch_size == 32
