@@ -52,7 +52,7 @@
 #   rank-emulation  (not in `all`) one rank of moonlight-16b-grpo-megatron (TP=8, EP=8, ETP=1, SP) on
 #          this GPU, collectives left out (benchmarks/rank_emulation.py): the full-size rank (27
 #          layers, random weights from the Moonlight config), 8 micro-batches of 1 x 9216 tokens a
-#          train call, profiled; JSON with the train-call span, GPU busy share, kernels, TFLOP/s and
+#          train call (logprob pass: 4 sequences a forward, as the recipe), profiled; JSON with the train-call span, GPU busy share, kernels, TFLOP/s and
 #          `prediction`, the recipe's per-GPU actor seconds per step (docs/moonlight.md, section 6)
 #
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
@@ -141,7 +141,7 @@ case "$mode" in
     config=$RLINF_GPU_TEST_DIR/moonlight-config-only
     mkdir -p "$config" && cp tests/fixtures/moonlight-16b-a3b-config.json "$config/config.json"
     run timeout "${BENCH_TIMEOUT:-540}" python3 -m benchmarks.actor_throughput --model "$config" --backends megatron \
-      --emulate-rank --rows 8 --micro-batch 1 --prompt 1024 --response 8192 --steps 2 \
+      --emulate-rank --rows 8 --micro-batch 1 --logprob-micro-batch 4 --prompt 1024 --response 8192 --steps 2 \
       --profile $tmp/actor-profile-rank "${@:2}" | tee -a "$RLINF_GPU_FIGURES" ;;
   smoke|actor|te-free-spec|grpo|bench|host|all) ;;
   *) echo "usage: $0 [smoke|actor|te-free-spec|grpo|bench|optim|resume|pack|grouped|experts|te-experts|graphs|graph-replays|host|bf16-ops|rank-emulation|all] [args]" >&2; exit 2 ;;
