@@ -39,7 +39,7 @@
 #          --megatron-setting cuda_graph_impl=transformer_engine`
 #   graph-replays  (not in `all`; needs TE) tests/gpu/test_megatron_graph_replays.py: eager twice and
 #          graphed four times from the same weights after each of four train calls (slice), one
-#          process per variant, each about 90 s: the Triton logprob kernels with TE's shared graph
+#          process per variant, each about 90 s (under a 10-minute command limit, name three a call): the Triton logprob kernels with TE's shared graph
 #          buffers off, with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, with unfused core attention, with
 #          the MLA RoPE fusion off; then as shipped; then the chunked torch path; every pass's
 #          gradient difference in the figures. Arguments pick variants, VARIANT[:ENV=VALUE]
