@@ -4,7 +4,10 @@ Runs examples/reasoning/main_grpo.py with the Moonlight recipe scaled to one GPU
 SGLang with triton attention) on the Moonlight-shaped slice, a dataset of fixed-length prompts, and
 the runner's own timers: time/rollout, reward, logprobs, train, weight_sync and the colocated
 memory transitions (grouped as offload_onload), with memory/<transition>_gib after each. Step 1
-(engine warm-up, first kernels) is dropped; the figures are the mean of the later steps.
+(engine warm-up, first kernels) is dropped; the figures are the mean of the later steps. Under
+`actor.offload_between_phases: auto`, when step 1 decides to keep the actor resident, step 2 onloads
+it once (and recaptures its CUDA graphs): it is reported as `transition_step`, and the mean starts
+at step 3.
 
     python -m benchmarks.grpo_step_runner [--actor megatron|torch] [--rollout sglang|torch]
         [--prompts 32] [--group-size 8] [--prompt-len 256] [--new-tokens 512] [--steps 3]
@@ -55,11 +58,28 @@ TRANSITIONS = (
 
 
 def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
-    """Mean per-phase seconds, shares and tokens/s per GPU over the train steps after the first."""
+    """Mean per-phase seconds, shares and tokens/s per GPU over the steady train steps: those after
+    the first (warm-up) and, when `offload_between_phases: auto` decided in it to keep the actor
+    resident, after the next one too, which onloads the actor once (and recaptures its CUDA graphs);
+    that transition step is reported on its own."""
     steps = [r for r in rows if r.get("step", 0) >= 1 and "time/step" in r]
     if len(steps) < 2:
         raise ValueError(f"need at least 2 train steps in the metrics (step 1 is warm-up), got {len(steps)}")
     timed = steps[1:]
+    transition: dict[str, Any] = {}
+    if steps[0].get("actor/offload_between_phases") == 0.0 and len(timed) >= 2:
+        first, timed = timed[0], timed[1:]
+        transition = {
+            "transition_step": {
+                "step": first["step"],
+                "step_seconds": round(float(first["time/step"]), 3),
+                "once": {
+                    k.removeprefix("time/"): round(float(first[k]), 3)
+                    for k in ("time/actor_onload", "time/cuda_graph_capture")
+                    if k in first
+                },
+            }
+        }
 
     def mean(key: str) -> float:
         return sum(float(r.get(key, 0.0)) for r in timed) / len(timed)
@@ -86,6 +106,7 @@ def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
         ),
         **routing_summary(timed, mean),
         **staleness_summary(timed, mean),
+        **transition,
     }
 
 

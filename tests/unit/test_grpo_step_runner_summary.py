@@ -42,6 +42,28 @@ def test_summary_drops_the_warm_up_step_and_groups_the_transitions():
     assert s["memory_gib_after"] == {"weight_sync_gib": 41.0}
 
 
+def test_an_auto_resident_decision_reports_its_transition_step_apart():
+    """Step 1 offloads and decides to keep the actor resident; step 2 onloads it once and
+    recaptures the graphs; the steady steps start at 3."""
+    decided = row(1, 100.0, 90.0, 5.0, 1.0, 1.0, 1000, 50.0) | {"actor/offload_between_phases": 0.0}
+    onloads = row(2, 11.0, 3.0, 3.5, 0.0, 0.0, 2048, 40.0) | {
+        "time/actor_onload": 2.5, "time/cuda_graph_capture": 1.0,
+    }  # fmt: skip
+    steady = [row(3, 7.0, 3.0, 2.5, 0.0, 0.0, 2048, 40.0), row(4, 8.0, 3.0, 2.5, 0.0, 0.0, 2048, 40.0)]
+    s = summarize([decided, onloads, *steady])
+    assert s["steps_timed"] == 2 and s["step_seconds"] == 7.5
+    assert s["transition_step"] == {
+        "step": 2,
+        "step_seconds": 11.0,
+        "once": {"actor_onload": 2.5, "cuda_graph_capture": 1.0},
+    }
+    # a decision to keep offloading, or too few steps, changes nothing
+    kept = summarize([decided | {"actor/offload_between_phases": 1.0}, onloads, *steady])
+    assert kept["steps_timed"] == 3 and "transition_step" not in kept
+    short = summarize([decided, onloads])
+    assert short["steps_timed"] == 1 and short["step_seconds"] == 11.0 and "transition_step" not in short
+
+
 def test_summary_needs_a_step_after_the_warm_up():
     with pytest.raises(ValueError, match="at least 2 train steps"):
         summarize([row(1, 1.0, 1.0, 1.0, 0.0, 0.0, 10, 1.0)])
