@@ -39,10 +39,11 @@
 #          --megatron-setting cuda_graph_impl=transformer_engine`
 #   graph-replays  (not in `all`; needs TE) tests/gpu/test_megatron_graph_replays.py: eager twice and
 #          graphed four times from the same weights after each of four train calls (slice), one
-#          process per variant, each about 90 s (under a 10-minute command limit, name three a call): the Triton logprob kernels with TE's shared graph
-#          buffers off, with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, with unfused core attention, with
-#          the MLA RoPE fusion off; then as shipped; then the chunked torch path; every pass's
-#          gradient difference in the figures. Arguments pick variants, VARIANT[:ENV=VALUE]
+#          process per variant, each about 90 s (under a 10-minute command limit, name three a
+#          call): the Triton logprob kernels with TE's shared graph buffers off, with
+#          NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, with unfused core attention, with the MLA RoPE fusion
+#          off; then as shipped; then the chunked torch path; every pass's gradient difference in
+#          the figures. Arguments pick variants, VARIANT[:ENV=VALUE]
 #          (kernels, chunked, synced, synced-before, synced-after), e.g.
 #          `graph-replays synced-before synced-after kernels:CUDA_LAUNCH_BLOCKING=1`
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
@@ -52,8 +53,9 @@
 #   rank-emulation  (not in `all`) one rank of moonlight-16b-grpo-megatron (TP=8, EP=8, ETP=1, SP) on
 #          this GPU, collectives left out (benchmarks/rank_emulation.py): the full-size rank (27
 #          layers, random weights from the Moonlight config), 8 micro-batches of 1 x 9216 tokens a
-#          train call (logprob pass: 4 sequences a forward, as the recipe), profiled; JSON with the train-call span, GPU busy share, kernels, TFLOP/s and
-#          `prediction`, the recipe's per-GPU actor seconds per step (docs/moonlight.md, section 6)
+#          train call (logprob pass: 4 sequences a forward, as the recipe), profiled; JSON with the
+#          train-call span, GPU busy share, kernels, TFLOP/s and `prediction`, the recipe's per-GPU
+#          actor seconds per step (docs/moonlight.md, section 6)
 #
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
