@@ -109,41 +109,52 @@ def one_pass(actor, micros) -> dict:
     return {k: sum(float(m[k]) for m in metrics) for k in metrics[0]}
 
 
-def eager_and_graphed(actor, micros) -> dict:
-    """The same micro-batches eager (every layer's graphs set aside) and graphed, from the same
-    weights: their metrics and graph runs, the gradients' global relative difference, and each
-    parameter's (relative to its own norm) with its share of the gradient norm."""
+def main_grads(actor) -> dict[str, torch.Tensor]:
+    """Every parameter's main_grad (where `one_pass` leaves its gradient), by name."""
+    return {n: p.main_grad for chunk in actor.model for n, p in chunk.named_parameters()}
+
+
+def eager_pass(actor, micros) -> dict:
+    """`one_pass` with every layer's graphs set aside."""
     held = {m: m.cuda_graphs for m in actor.graphs.graphed_modules()}
     for module in held:
         module.cuda_graphs = []
     try:
-        eager = one_pass(actor, micros)
+        return one_pass(actor, micros)
     finally:
         put_back(held)
-    params = {n: p for chunk in actor.model for n, p in chunk.named_parameters()}
-    eager_grads = {n: p.main_grad.detach().clone() for n, p in params.items()}
-    actor.graphs.ensure_captured()  # held: puts the dispatchers' state back, as a train call does
-    runs, held = counting(actor)
-    try:
-        graphed = one_pass(actor, micros)
-    finally:
-        put_back(held)
-    diffs = {n: (p.main_grad - eager_grads[n]).norm().item() for n, p in params.items()}
-    norms = {n: g.norm().item() for n, g in eager_grads.items()}
-    del eager_grads
+
+
+def grad_difference(actor, reference: dict[str, torch.Tensor]) -> dict:
+    """The gradients now against `reference`: the global relative difference, each parameter's
+    (relative to its own norm) with its share of the gradient norm, and the five that differ most."""
+    diffs = {n: (g - reference[n]).norm().item() for n, g in main_grads(actor).items()}
+    norms = {n: g.norm().item() for n, g in reference.items()}
     total = sum(v * v for v in norms.values()) ** 0.5
     rel = {n: diffs[n] / max(norms[n], 1e-30) for n in diffs}
     worst = sorted(rel, key=rel.__getitem__, reverse=True)[:5]
     return {
-        "eager": eager,
-        "graphed": graphed,
-        "graph_runs": runs[0],
         "grad_norm": total,
         "grad_rel_diff": sum(v * v for v in diffs.values()) ** 0.5 / total,
         "param_rel_diff": rel,
         "param_norm_share": {n: norms[n] / total for n in norms},
         "worst": [[n, rel[n], norms[n] / total] for n in worst],
     }
+
+
+def eager_and_graphed(actor, micros) -> dict:
+    """The same micro-batches eager (every layer's graphs set aside) and graphed, from the same
+    weights: their metrics and graph runs, and the graphed gradients against the eager ones
+    (`grad_difference`)."""
+    eager = eager_pass(actor, micros)
+    eager_grads = {n: g.detach().clone() for n, g in main_grads(actor).items()}
+    actor.graphs.ensure_captured()  # held: puts the dispatchers' state back, as a train call does
+    runs, held = counting(actor)
+    try:
+        graphed = one_pass(actor, micros)
+    finally:
+        put_back(held)
+    return {"eager": eager, "graphed": graphed, "graph_runs": runs[0], **grad_difference(actor, eager_grads)}
 
 
 def fresh_old_logprobs(actor, batch):

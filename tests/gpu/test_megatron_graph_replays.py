@@ -35,9 +35,11 @@ from test_megatron_cuda_graphs import (  # noqa: F401  (transformer_engine: a fi
     MBS,
     ROWS,
     config,
+    eager_pass,
     fresh_old_logprobs,
+    grad_difference,
+    main_grads,
     one_pass,
-    put_back,
     transformer_engine,
 )
 
@@ -45,21 +47,15 @@ VARIANTS = ("kernels", "chunked", "synced", "synced-before", "synced-after")
 STEPS, GRAPHED_PASSES = 4, 4
 
 
-def main_grads(actor) -> dict[str, torch.Tensor]:
-    return {n: p.main_grad for chunk in actor.model for n, p in chunk.named_parameters()}
-
-
-def difference(actor, reference: dict[str, torch.Tensor]) -> dict:
-    """The gradients now against `reference`: the global relative difference and the three
-    parameters that differ most (relative to their own norm, with their share of the norm)."""
-    now = main_grads(actor)
-    diffs = {n: (now[n] - g).norm().item() for n, g in reference.items()}
-    norms = {n: g.norm().item() for n, g in reference.items()}
-    total = sum(v * v for v in norms.values()) ** 0.5
-    worst = sorted(diffs, key=lambda n: diffs[n] / max(norms[n], 1e-30), reverse=True)[:3]
+def pass_record(actor, reference: dict[str, torch.Tensor], step: int, name: str) -> dict:
+    """One pass's gradients against the first eager pass's: the global relative difference and the
+    (up to three) parameters that differ most."""
+    d = grad_difference(actor, reference)
     return {
-        "rel": sum(v * v for v in diffs.values()) ** 0.5 / total,
-        "worst": [[n, diffs[n] / max(norms[n], 1e-30), norms[n] / total] for n in worst if diffs[n]],
+        "step": step,
+        "pass": name,
+        "rel": d["grad_rel_diff"],
+        "worst": [w for w in d["worst"][:3] if w[1]],
     }
 
 
@@ -125,29 +121,27 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
             actor.train(fresh_old_logprobs(actor, batch), step=step)
             trained = fresh_old_logprobs(actor, batch)
             micros = [trained.select(list(range(i, i + MBS))).trimmed() for i in range(0, ROWS, MBS)]
-            held = {m: m.cuda_graphs for m in actor.graphs.graphed_modules()}
-            for module in held:
-                module.cuda_graphs = []
-            try:
-                one_pass(actor, micros)
-                reference = {n: g.detach().clone() for n, g in main_grads(actor).items()}
-                one_pass(actor, micros)
-                passes.append({"step": step, "pass": "eager", **difference(actor, reference)})
-            finally:
-                put_back(held)
+            eager_pass(actor, micros)
+            reference = {n: g.detach().clone() for n, g in main_grads(actor).items()}
+            eager_pass(actor, micros)
+            passes.append(pass_record(actor, reference, step, "eager"))
             for replay in range(GRAPHED_PASSES):
                 actor.graphs.ensure_captured()
                 one_pass(actor, micros)
-                passes.append({"step": step, "pass": f"graphed {replay}", **difference(actor, reference)})
+                passes.append(pass_record(actor, reference, step, f"graphed {replay}"))
             del reference
     finally:
         actor.offload()
         del actor
         free()
         torch.cuda.set_stream(torch.cuda.default_stream())
-    env = {
-        k: os.environ[k] for k in ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "NVTE_FUSED_ATTN") if k in os.environ
-    }
+    knobs = (
+        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "CUDA_LAUNCH_BLOCKING",
+        "RLINF_REPLAY_SETTINGS",
+        "RLINF_REPLAY_BUFFER_REUSE",
+    )
+    env = {k: os.environ[k] for k in knobs if k in os.environ}
     record(f"repeated train passes from the same weights (slice, {variant})", env=env, passes=passes)
     eager = [p for p in passes if p["pass"] == "eager"]
     assert all(p["rel"] == 0.0 for p in eager), eager  # the reference itself repeats
