@@ -7,7 +7,7 @@
 #                                      pushes / memory, slice logprobs      (201 s on an H100)
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, optim (precision-aware optimizer, save /
 #                                      load, once), GRPO steps through the runner with the Megatron
-#                                      actor and the torch rollout   (128 + 156 + 91 s on an H100)
+#                                      actor and the torch rollout   (136 + 171 + 91 s on an H100)
 #   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
 #                                      experts                              (85 s on an H100)
 #   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager, then the slice
