@@ -25,7 +25,9 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
         [--profile-host]  # with --profile: also CPU activity with Python stacks, summarised as the
                           # top host ops and the device->host syncs (.item(), .tolist()) with their
                           # Python call sites where the profiler links them (torch 2.11 links none
-                          # while CUDA activity is profiled: the counts and op names remain)
+                          # while CUDA activity is profiled: the counts and op names remain),
+                          # and each idle gap of that call put down to a host sync, a late launch
+                          # or a dependency, with the host ops around it (benchmarks/idle_gaps.py)
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
         [--backends torch,megatron,megatron-te-free]  # megatron: the spec this machine runs (TE's
@@ -290,6 +292,7 @@ def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = Fals
     activity and Python stacks adds the host side (it slows the host, so its GPU figures are not used)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.idle_gaps import idle_gaps
     from benchmarks.trace_summary import load_events, summarize
 
     trace.parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +305,9 @@ def profile_train_call(actor, data: RolloutBatch, trace: Path, host: bool = Fals
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
             actor.train(data, step=100)
             torch.cuda.synchronize()
-        summary["host"] = host_summary(prof)
+        host_trace = trace.with_name(trace.name.replace(".trace.json", ".host.trace.json"))
+        prof.export_chrome_trace(str(host_trace))
+        summary["host"] = host_summary(prof) | {"idle_gaps": idle_gaps(load_events(host_trace))}
     return summary
 
 

@@ -1,0 +1,168 @@
+"""Why the GPU idles: each gap between kernels of a torch-profiler chrome trace recorded with CPU
+and CUDA activity, put down to what the host was doing when the GPU ran dry.
+
+    python -m benchmarks.idle_gaps TRACE [--min-gap-us 5] [--top 15]   # prints one JSON object
+
+A gap ends with a kernel; its launch (the CUDA runtime call of the same `correlation`) says why it
+came late:
+- `host sync`: a synchronising runtime call (stream / event / device synchronize, a blocking
+  memcpy) returned inside the gap, before the launch. The host waited for the GPU to drain, then
+  needed the gap's time to queue work again. Source: the innermost host op around the sync (e.g.
+  `aten::_local_scalar_dense` for `.item()`, `aten::copy_` for `.cpu()`), with its outer op.
+- `host launch`: the launch came after the gap began, with no sync in between. The host was busy
+  (Python, op dispatch, launches of earlier kernels) and the GPU had nothing queued. Source: the
+  innermost host op around the launch, with its outer op.
+- `dependency`: the launch came before the gap began, yet the kernel started late. It waited on
+  another stream (an event) or on a copy engine. Source: the kernel that ended the gap.
+- `unlinked`: no runtime call carries the kernel's correlation (a CUDA graph replay's inner
+  kernels, or a trace without CPU activity).
+
+A host profiled with CPU activity runs slower than without, so the gaps are longer than in an
+unprofiled call; their causes and relative sizes are what this is for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.trace_summary import load_events
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+HOST_OP_CATEGORIES = ("cpu_op", "user_annotation")
+# Runtime calls that return only once the GPU has done (part of) its queued work
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaMemcpy",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+    "cuMemcpyDtoH_v2",
+)
+CAUSES = ("host sync", "host launch", "dependency", "unlinked")
+
+
+class HostOps:
+    """The host ops of each thread, to name the innermost one running at a moment."""
+
+    def __init__(self, events: list[dict]):
+        by_thread: dict[object, list[tuple[float, float, str]]] = defaultdict(list)
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") in HOST_OP_CATEGORIES:
+                start = float(e["ts"])
+                by_thread[e.get("tid")].append((start, start + float(e.get("dur", 0.0)), str(e["name"])))
+        self.ops = {tid: sorted(ops) for tid, ops in by_thread.items()}
+        self.starts = {tid: [op[0] for op in ops] for tid, ops in self.ops.items()}
+
+    def around(self, tid: object, moment: float) -> str:
+        """'inner < outer': the two innermost ops of `tid` running at `moment` ('-' when none).
+        Ops nest, so the innermost running op is the running op that started last."""
+        ops, starts = self.ops.get(tid, []), self.starts.get(tid, [])
+        names: list[str] = []
+        i = bisect.bisect_right(starts, moment) - 1
+        while i >= 0 and len(names) < 2:
+            start, stop, name = ops[i]
+            if start <= moment <= stop and (not names or name != names[-1]):
+                names.append(name)
+            i -= 1
+        return " < ".join(names) if names else "-"
+
+
+def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dict:
+    """The idle time between kernels (gaps of at least `min_gap_us`), by cause and by host source."""
+    kernels = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e)
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
+    )
+    if not kernels:
+        raise ValueError("no GPU kernel events in the trace (profiled without the GPU activity?)")
+    launches: dict[object, dict] = {}
+    syncs: list[tuple[float, dict]] = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATEGORIES:
+            continue
+        correlation = (e.get("args") or {}).get("correlation")
+        if correlation is not None:
+            launches.setdefault(correlation, e)
+        if e.get("name") in SYNC_CALLS:
+            syncs.append((float(e["ts"]) + float(e.get("dur", 0.0)), e))
+    syncs.sort(key=lambda s: s[0])
+    sync_ends = [s[0] for s in syncs]
+    host = HostOps(events)
+    by_cause = {cause: [0.0, 0] for cause in CAUSES}
+    by_source: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    busy_until = kernels[0][1]
+    for start, stop, kernel in kernels[1:]:
+        gap = start - busy_until
+        if gap >= min_gap_us:
+            cause, source = _cause(busy_until, start, kernel, launches, syncs, sync_ends, host)
+            for entry in (by_cause[cause], by_source[(cause, source)]):
+                entry[0] += gap
+                entry[1] += 1
+        busy_until = max(busy_until, stop)
+    span = busy_until - kernels[0][0]
+    idle = sum(v[0] for v in by_cause.values())
+    ranked = sorted(by_source.items(), key=lambda kv: -kv[1][0])
+    return {
+        "span_ms": round(span / 1e3, 3),
+        "idle_ms": round(idle / 1e3, 3),
+        "gaps": sum(v[1] for v in by_cause.values()),
+        "min_gap_us": min_gap_us,
+        "by_cause": {c: {"ms": round(v[0] / 1e3, 3), "gaps": v[1]} for c, v in by_cause.items()},
+        "top_sources": [
+            {"cause": cause, "source": source, "ms": round(ms / 1e3, 3), "gaps": n}
+            for (cause, source), (ms, n) in ranked[:top]
+        ],
+    }
+
+
+def _cause(
+    gap_start: float,
+    gap_end: float,
+    kernel: dict,
+    launches: dict[object, dict],
+    syncs: list[tuple[float, dict]],
+    sync_ends: list[float],
+    host: HostOps,
+) -> tuple[str, str]:
+    launch = launches.get((kernel.get("args") or {}).get("correlation"))
+    if launch is None:
+        return "unlinked", str(kernel.get("name", "?"))
+    launched_at = float(launch["ts"])
+    if launched_at < gap_start:
+        return "dependency", str(kernel.get("name", "?"))
+    # the latest sync of the launching thread that returned inside the gap, before the launch
+    i = bisect.bisect_right(sync_ends, launched_at) - 1
+    while i >= 0 and syncs[i][0] >= gap_start:
+        end, sync = syncs[i]
+        if sync.get("tid") == launch.get("tid"):
+            return "host sync", f"{sync['name']} in {host.around(sync.get('tid'), end - 1e-3)}"
+        i -= 1
+    return "host launch", host.around(launch.get("tid"), launched_at)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--min-gap-us", type=float, default=5.0)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    try:
+        print(
+            json.dumps(
+                {"trace": str(args.trace), **idle_gaps(load_events(args.trace), args.min_gap_us, args.top)}
+            )
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise SystemExit(f"{args.trace}: cannot attribute the idle gaps: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""benchmarks/idle_gaps.py: each gap between kernels is put down to a host sync, a late launch, a
+dependency on other work, or no launch at all, by the runtime call that launched the kernel ending
+the gap; sources name the host ops around the sync or the launch, on the launching thread."""
+
+import pytest
+
+from benchmarks.idle_gaps import idle_gaps
+
+
+def kernel(name: str, ts: float, dur: float, correlation: int | None) -> dict:
+    args = {} if correlation is None else {"correlation": correlation}
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def runtime(name: str, ts: float, dur: float, correlation: int | None = None, tid: int = 1) -> dict:
+    args = {} if correlation is None else {"correlation": correlation}
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def op(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+EVENTS = [
+    op("nn.Module: MoELayer", 0, 1000),
+    # A runs 0..100; the host then reads a value back: .item() waits until 150, launches B at 170
+    runtime("cudaLaunchKernel", 0, 5, correlation=1),
+    kernel("gemm_a", 0, 100, correlation=1),
+    op("aten::item", 100, 60),
+    runtime("cudaStreamSynchronize", 105, 45),
+    op("aten::mm", 165, 15),
+    runtime("cudaLaunchKernel", 170, 5, correlation=2),
+    kernel("gemm_b", 200, 50, correlation=2),  # gap 100..200: host sync, 100 us
+    # C was launched at 190, long before it ran: it waited on other work (gap 250..400)
+    op("aten::add", 185, 10),
+    runtime("cudaLaunchKernel", 190, 3, correlation=3),
+    kernel("add_c", 400, 50, correlation=3),
+    # another thread's sync returns inside the next gap: not the launching thread's
+    runtime("cudaEventSynchronize", 455, 40, tid=2),
+    op("aten::gelu", 495, 10),
+    runtime("cudaLaunchKernel", 500, 5, correlation=4),
+    kernel("gelu_d", 510, 90, correlation=4),  # gap 450..510: host launch, 60 us
+    kernel("graph_node_e", 700, 10, correlation=None),  # gap 600..700: unlinked, 100 us
+    runtime("cudaLaunchKernel", 711, 1, correlation=6),
+    kernel("tiny_f", 713, 5, correlation=6),  # a 3 us gap, under the threshold
+]
+
+
+def test_each_gap_gets_its_cause_and_the_host_ops_around_it():
+    s = idle_gaps(EVENTS, min_gap_us=5)
+    assert s["span_ms"] == pytest.approx(0.718)
+    assert s["gaps"] == 4
+    assert s["idle_ms"] == pytest.approx(0.41)
+    assert s["by_cause"] == {
+        "host sync": {"ms": 0.1, "gaps": 1},
+        "host launch": {"ms": 0.06, "gaps": 1},
+        "dependency": {"ms": 0.15, "gaps": 1},
+        "unlinked": {"ms": 0.1, "gaps": 1},
+    }
+    sources = {(t["cause"], t["source"]): t["ms"] for t in s["top_sources"]}
+    assert sources == {
+        ("dependency", "add_c"): 0.15,
+        ("host sync", "cudaStreamSynchronize in aten::item < nn.Module: MoELayer"): 0.1,
+        ("unlinked", "graph_node_e"): 0.1,
+        ("host launch", "aten::gelu < nn.Module: MoELayer"): 0.06,
+    }
+    assert s["top_sources"][0]["source"] == "add_c"  # ranked by idle time
+
+
+def test_threshold_and_overlapping_kernels():
+    # the 3 us gap counts once the threshold is below it; a kernel on another stream that overlaps
+    # its neighbour leaves no gap
+    assert idle_gaps(EVENTS, min_gap_us=2)["by_cause"]["host launch"] == {"ms": 0.063, "gaps": 2}
+    overlapping = [
+        runtime("cudaLaunchKernel", 0, 1, correlation=1),
+        kernel("a", 0, 100, correlation=1),
+        runtime("cudaLaunchKernel", 1, 1, correlation=2),
+        kernel("b", 50, 100, correlation=2),
+        runtime("cudaLaunchKernel", 2, 1, correlation=3),
+        kernel("c", 120, 10, correlation=3),  # inside b: no gap
+        runtime("cudaLaunchKernel", 3, 1, correlation=4),
+        kernel("d", 140, 20, correlation=4),  # after c but still inside b: no gap either
+    ]
+    assert idle_gaps(overlapping)["gaps"] == 0
+
+
+def test_no_kernels_is_an_error():
+    with pytest.raises(ValueError, match="no GPU kernel events"):
+        idle_gaps([op("aten::mm", 0, 10)])
