@@ -51,7 +51,9 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                           # collectives stand-ins that move nothing (benchmarks/rank_emulation.py),
                           # random weights (DIR needs only config.json), routing uniform at random;
                           # FLOPs and tokens/s are the rank's, and `prediction` is the recipe's
-                          # per-GPU actor time per step (benchmarks/rank_prediction.py)
+                          # per-GPU actor time per step (benchmarks/rank_prediction.py); each
+                          # --megatron-variants entry is another emulated actor of the same run,
+                          # with its own `prediction[VARIANT]`
     (DIR: an HF DeepSeek-V3 checkpoint, e.g. python -m rlinf.models.slice --out DIR)
 """
 
@@ -405,8 +407,8 @@ def main() -> None:
         help="the Megatron actor as rank 0 of the recipe's layout, collectives left out (docstring)",
     )
     args = parser.parse_args()
-    if args.emulate_rank and (args.backends != "megatron" or args.megatron_variants):
-        raise SystemExit("--emulate-rank measures one Megatron actor: --backends megatron, no variants")
+    if args.emulate_rank and args.backends != "megatron":
+        raise SystemExit("--emulate-rank measures the Megatron actor: --backends megatron (variants allowed)")
     config = json.loads((Path(args.model) / "config.json").read_text())
     ensure_tokenizer(args.model)
     model = ModelConfig(
@@ -430,7 +432,7 @@ def main() -> None:
     tokens = args.rows * (args.prompt + args.response)
     flops = tokens * flops_per_token(config, context=args.prompt + args.response)
     settings = {k: v for text in args.megatron_setting for k, v in parse_setting(text).items()}
-    emulation = contextlib.nullcontext()
+    emulation = contextlib.nullcontext
     if args.emulate_rank:
         from benchmarks.rank_emulation import EMULATION_SETTINGS, emulate_rank, random_weights
         from benchmarks.rank_prediction import rank_flops_per_token
@@ -443,7 +445,7 @@ def main() -> None:
         emulate_rank(tp, tp=tp, ep=ep, etp=etp)
         flops = tokens * rank_flops_per_token(config, tp, ep, etp, context=args.prompt + args.response)
         settings |= EMULATION_SETTINGS
-        emulation = random_weights()
+        emulation = random_weights
     result: dict = {
         "benchmark": "actor_throughput",
         "gpu": torch.cuda.get_device_name(),
@@ -464,17 +466,17 @@ def main() -> None:
     # The TE-free child first: this process then holds no GPU memory yet (megatron keeps some after
     # its actor is gone; both together ran out of the H200's 140 GiB on the slice).
     backends = sorted(args.backends.split(","), key=lambda b: b != "megatron-te-free")
-    runs = [(b, {}) for b in backends]
-    runs += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
+    runs_planned = [(b, {}) for b in backends]
+    runs_planned += [(f"megatron[{v}]", parse_variant(v)) for v in args.megatron_variants.split(",") if v]
     result["megatron_settings"] = {k: getattr(v, "name", v) for k, v in settings.items()}
-    for name, overrides in runs:
+    for name, overrides in runs_planned:
         if name == "megatron-te-free":
             result[name] = measure_te_free(sys.argv[1:])
             print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
             continue
         backend = name.split("[")[0]
         actor_overrides = {**settings, **overrides}
-        with provider_overrides(actor_overrides), emulation:
+        with provider_overrides(actor_overrides), emulation():
             runs, spec = measure(
                 backend,
                 replace(cfg, actor=with_model_keys(cfg.actor, actor_overrides))
@@ -494,7 +496,9 @@ def main() -> None:
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     if args.emulate_rank:
-        result["prediction"] = predicted_step(args, config, result["megatron"])
+        for name, _ in runs_planned:
+            key = "prediction" + name.removeprefix("megatron")  # prediction, prediction[variant]
+            result[key] = predicted_step(args, config, result[name])
     print(json.dumps(with_speedups(result)))
 
 

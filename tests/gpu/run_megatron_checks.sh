@@ -55,7 +55,10 @@
 #          layers, random weights from the Moonlight config), 8 micro-batches of 1 x 9216 tokens a
 #          train call (logprob pass: 4 sequences a forward, as the recipe), profiled; JSON with the
 #          train-call span, GPU busy share, kernels, TFLOP/s and `prediction`, the recipe's per-GPU
-#          actor seconds per step (docs/moonlight.md, section 6)
+#          actor seconds per step (docs/moonlight.md, section 6); --megatron-variants adds emulated
+#          actors to the same run, e.g. rlinf's grouped_mm experts against TEGroupedMLP:
+#          `rank-emulation --megatron-setting cuda_graph_impl=transformer_engine
+#          --megatron-variants moe_grouped_gemm_impl=torch`
 #
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
