@@ -39,6 +39,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                                    # an actor.model key changes the recipe instead, e.g.
                                    # moe_grouped_gemm_impl=torch: rlinf's grouped_mm experts in the
                                    # TE spec, against TEGroupedMLP in the same process;
+                                   # micro_batch_size=N (or logprob_micro_batch_size=N): N rows a
+                                   # train (logprob) forward instead of --micro-batch's;
                                    # cuda_graph_impl=transformer_engine: per-layer CUDA graphs
                                    # (figures cuda_graph_layers, _captures, _capture_s); ";" joins
                                    # settings of one variant, "+" a list's items:
@@ -114,14 +116,18 @@ def batch(vocab: int, rows: int, prompt: int, response: int) -> RolloutBatch:
 
 
 MODEL_KEYS = frozenset(f.name for f in fields(ModelConfig))
+# actor keys a variant may change besides actor.model's: the rows of a train / logprob forward
+BATCH_KEYS = frozenset({"micro_batch_size", "logprob_micro_batch_size"})
 
 
 def with_model_keys(actor: ActorConfig, overrides: dict) -> ActorConfig:
-    """`actor` with the overrides that name `actor.model` keys (the others name provider settings):
+    """`actor` with the overrides that name `actor.model` keys or the rows of a forward (BATCH_KEYS;
+    the others name provider settings):
     translate() reads them, and the Megatron actor reads some itself (cuda_graph_impl: its graphs and
     fixed micro-batch shape)."""
     model = {k: v for k, v in overrides.items() if k in MODEL_KEYS}
-    return replace(actor, model=replace(actor.model, **model))
+    rows = {k: v for k, v in overrides.items() if k in BATCH_KEYS}
+    return replace(actor, model=replace(actor.model, **model), **rows)
 
 
 @contextlib.contextmanager
@@ -132,7 +138,7 @@ def provider_overrides(overrides: dict):
     import rlinf.config.megatron_settings as settings
 
     translate = settings.translate
-    provider = {k: v for k, v in overrides.items() if k not in MODEL_KEYS}
+    provider = {k: v for k, v in overrides.items() if k not in MODEL_KEYS | BATCH_KEYS}
 
     def with_overrides(actor, *, te_available):
         translated = translate(with_model_keys(actor, overrides), te_available=te_available)
@@ -152,6 +158,10 @@ def parse_setting(text: str) -> dict:
     key, _, value = (part.strip() for part in text.partition("="))
     if key == "cuda_graph_modules":  # a list: "+" joins its items (a comma separates variants)
         return {key: tuple(value.split("+"))}
+    if key in BATCH_KEYS:
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"{text}: {key} takes a number of rows (>= 1)")
+        return {key: int(value)}
     if key == "attention_backend":
         from megatron.core.transformer.enums import AttnBackend
 
@@ -496,9 +506,10 @@ def main() -> None:
         # A partial figure survives a run cut off by the device's time limit.
         print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     if args.emulate_rank:
-        for name, _ in runs_planned:
+        for name, overrides in runs_planned:
             key = "prediction" + name.removeprefix("megatron")  # prediction, prediction[variant]
-            result[key] = predicted_step(args, config, result[name])
+            rows = {**settings, **overrides}.get("micro_batch_size")
+            result[key] = predicted_step(args, config, result[name], rows)
     print(json.dumps(with_speedups(result)))
 
 
@@ -525,8 +536,9 @@ def emulated_layout(model: ModelConfig) -> dict:
     }
 
 
-def predicted_step(args, config: dict, measured: dict) -> dict:
-    """The recipe's per-GPU actor time per step from the emulated rank's medians."""
+def predicted_step(args, config: dict, measured: dict, micro_batch: int | None = None) -> dict:
+    """The recipe's per-GPU actor time per step from the emulated rank's medians (`micro_batch`: the
+    run's rows a train forward, when a variant changed --micro-batch)."""
     from benchmarks.rank_prediction import predict_actor_step
     from rlinf.config import load_config
 
@@ -536,8 +548,8 @@ def predicted_step(args, config: dict, measured: dict) -> dict:
         train_call_s=measured["seconds_per_train_call"],
         logprob_call_s=measured["seconds_per_logprob_call"],
         sequences_per_call=args.rows,
-        sequences_per_micro_batch=args.micro_batch,
-        tokens_per_micro_batch=args.micro_batch * (args.prompt + args.response),
+        sequences_per_micro_batch=micro_batch or args.micro_batch,
+        tokens_per_micro_batch=(micro_batch or args.micro_batch) * (args.prompt + args.response),
     )
 
 

@@ -58,7 +58,7 @@
 #          actor seconds per step (docs/moonlight.md, section 6); --megatron-variants adds emulated
 #          actors to the same run, e.g. rlinf's grouped_mm experts against TEGroupedMLP:
 #          `rank-emulation --megatron-setting cuda_graph_impl=transformer_engine
-#          --megatron-variants moe_grouped_gemm_impl=torch`
+#          --megatron-variants "moe_grouped_gemm_impl=torch,moe_grouped_gemm_impl=torch;micro_batch_size=4"`
 #
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
