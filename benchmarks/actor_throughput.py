@@ -508,7 +508,7 @@ def main() -> None:
     if args.emulate_rank:
         for name, overrides in runs_planned:
             key = "prediction" + name.removeprefix("megatron")  # prediction, prediction[variant]
-            rows = {**settings, **overrides}.get("micro_batch_size")
+            rows = {k: v for k, v in {**settings, **overrides}.items() if k in BATCH_KEYS}
             result[key] = predicted_step(args, config, result[name], rows)
     print(json.dumps(with_speedups(result)))
 
@@ -536,11 +536,15 @@ def emulated_layout(model: ModelConfig) -> dict:
     }
 
 
-def predicted_step(args, config: dict, measured: dict, micro_batch: int | None = None) -> dict:
-    """The recipe's per-GPU actor time per step from the emulated rank's medians (`micro_batch`: the
-    run's rows a train forward, when a variant changed --micro-batch)."""
+def predicted_step(args, config: dict, measured: dict, rows: dict | None = None) -> dict:
+    """The recipe's per-GPU actor time per step from the emulated rank's medians (`rows`: the run's
+    micro_batch_size / logprob_micro_batch_size where a variant changed them)."""
     from benchmarks.rank_prediction import predict_actor_step
     from rlinf.config import load_config
+
+    rows = rows or {}
+    micro_batch = rows.get("micro_batch_size") or args.micro_batch
+    logprob_rows = rows.get("logprob_micro_batch_size") or args.logprob_micro_batch or micro_batch
 
     return predict_actor_step(
         load_config(args.recipe, []),
@@ -548,8 +552,9 @@ def predicted_step(args, config: dict, measured: dict, micro_batch: int | None =
         train_call_s=measured["seconds_per_train_call"],
         logprob_call_s=measured["seconds_per_logprob_call"],
         sequences_per_call=args.rows,
-        sequences_per_micro_batch=micro_batch or args.micro_batch,
-        tokens_per_micro_batch=(micro_batch or args.micro_batch) * (args.prompt + args.response),
+        sequences_per_micro_batch=micro_batch,
+        tokens_per_micro_batch=micro_batch * (args.prompt + args.response),
+        logprob_sequences_per_micro_batch=logprob_rows,
     )
 
 

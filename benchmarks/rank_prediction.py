@@ -98,27 +98,42 @@ def predict_actor_step(
     sequences_per_call: int,
     sequences_per_micro_batch: int,
     tokens_per_micro_batch: int,
+    logprob_sequences_per_micro_batch: int | None = None,
     link: LinkAssumption = LinkAssumption(),
 ) -> dict:
     """The per-GPU actor seconds of one GRPO step of recipe `cfg` (module docstring), from the
-    emulated rank's measured train and logprob calls over `sequences_per_call` sequences, in
-    micro-batches of `sequences_per_micro_batch` (`tokens_per_micro_batch` tokens)."""
+    emulated rank's measured train and logprob calls over `sequences_per_call` sequences, in train
+    micro-batches of `sequences_per_micro_batch` (`tokens_per_micro_batch` tokens) and logprob
+    forwards of `logprob_sequences_per_micro_batch` sequences (default: the train micro-batch's).
+    A logprob forward of more sequences moves the same bytes in fewer, larger collectives."""
     m = cfg.actor.model
     sequences = sequences_per_step(cfg)
+    tokens_per_sequence = tokens_per_micro_batch / sequences_per_micro_batch
+    logprob_rows = logprob_sequences_per_micro_batch or sequences_per_micro_batch
+
+    def forward_comm_s(rows: int) -> float:
+        comm = collectives_per_micro_batch(
+            hf, round(rows * tokens_per_sequence), m.tensor_model_parallel_size, m.expert_model_parallel_size
+        )
+        return comm["bytes"] / (link.gbps * 1e9) + comm["count"] * link.latency_us * 1e-6
+
     micro_batches = -(-sequences // sequences_per_micro_batch)
+    logprob_forwards = -(-sequences // logprob_rows)
     comm = collectives_per_micro_batch(
         hf, tokens_per_micro_batch, m.tensor_model_parallel_size, m.expert_model_parallel_size
     )
-    forward_comm_s = comm["bytes"] / (link.gbps * 1e9) + comm["count"] * link.latency_us * 1e-6
-    train_s = sequences * train_call_s / sequences_per_call + micro_batches * 2 * forward_comm_s
-    logprob_s = sequences * logprob_call_s / sequences_per_call + micro_batches * forward_comm_s
+    train_comm_s = micro_batches * 2 * forward_comm_s(sequences_per_micro_batch)
+    logprob_comm_s = logprob_forwards * forward_comm_s(logprob_rows)
+    train_s = sequences * train_call_s / sequences_per_call + train_comm_s
+    logprob_s = sequences * logprob_call_s / sequences_per_call + logprob_comm_s
     return {
         "sequences_per_step_per_rank": sequences,
         "micro_batches_per_step_per_rank": micro_batches,
+        "logprob_forwards_per_step_per_rank": logprob_forwards,
         "tokens_per_micro_batch": tokens_per_micro_batch,
         "collective_gib_per_train_micro_batch": 2 * comm["bytes"] / 2**30,
         "collectives_per_train_micro_batch": 2 * comm["count"],
-        "collective_s_per_step": micro_batches * 3 * forward_comm_s,
+        "collective_s_per_step": train_comm_s + logprob_comm_s,
         "train_s_per_step": train_s,
         "logprob_s_per_step": logprob_s,
         "actor_s_per_step": train_s + logprob_s,

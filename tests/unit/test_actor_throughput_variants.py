@@ -31,14 +31,25 @@ def test_rows_must_be_a_positive_count(text):
 
 def test_the_prediction_takes_the_variants_rows():
     args = SimpleNamespace(
-        recipe="moonlight-16b-grpo-megatron", rows=8, micro_batch=1, prompt=1024, response=8192
+        recipe="moonlight-16b-grpo-megatron",
+        rows=8,
+        micro_batch=1,
+        logprob_micro_batch=None,
+        prompt=1024,
+        response=8192,
     )
     measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
-    own, four = predicted_step(args, MOONLIGHT, measured), predicted_step(args, MOONLIGHT, measured, 4)
+    own = predicted_step(args, MOONLIGHT, measured)
+    four = predicted_step(args, MOONLIGHT, measured, {"micro_batch_size": 4})
     assert (own["micro_batches_per_step_per_rank"], four["micro_batches_per_step_per_rank"]) == (512, 128)
+    assert (own["logprob_forwards_per_step_per_rank"], four["logprob_forwards_per_step_per_rank"]) == (
+        512,
+        128,
+    )
     assert four["tokens_per_micro_batch"] == 4 * 9216
-    # the measured part is per sequence, from the same medians; the collectives' latency falls with
-    # fewer micro-batches, their bytes do not change
-    measured_train = [p["train_s_per_step"] - 2 / 3 * p["collective_s_per_step"] for p in (own, four)]
-    assert measured_train == pytest.approx([512 * 4.0 / 8] * 2)
-    assert four["collective_s_per_step"] < own["collective_s_per_step"]
+    logprob_four = predicted_step(args, MOONLIGHT, measured, {"logprob_micro_batch_size": 4})
+    assert logprob_four["micro_batches_per_step_per_rank"] == 512
+    assert logprob_four["logprob_forwards_per_step_per_rank"] == 128
+    # the measured part is per sequence, from the same medians: only the collectives' latency moves
+    assert four["actor_s_per_step"] < logprob_four["actor_s_per_step"] < own["actor_s_per_step"]
+    assert own["actor_s_per_step"] - own["collective_s_per_step"] == pytest.approx(512 * 5.0 / 8)

@@ -101,13 +101,36 @@ def test_the_step_prediction_adds_the_collectives_to_the_measured_micro_batches(
     assert out["actor_s_per_step"] == pytest.approx(out["train_s_per_step"] + out["logprob_s_per_step"])
 
 
+def test_a_logprob_forward_of_several_sequences_moves_the_same_bytes_in_fewer_collectives():
+    from rlinf.config import load_config
+
+    cfg = load_config("moonlight-16b-grpo-megatron", [])
+    link = LinkAssumption(gbps=100.0, latency_us=20.0)
+    shape = dict(train_call_s=2.0, logprob_call_s=0.5, sequences_per_call=4, sequences_per_micro_batch=1)
+    out = predict_actor_step(
+        cfg, MOONLIGHT, **shape, tokens_per_micro_batch=9216, logprob_sequences_per_micro_batch=4, link=link
+    )
+    one, four = (collectives_per_micro_batch(MOONLIGHT, t, 8, 8) for t in (9216, 4 * 9216))
+    assert four["bytes"] == pytest.approx(4 * one["bytes"]) and four["count"] == one["count"]
+    logprob_comm = 128 * (four["bytes"] / 100e9 + four["count"] * 20e-6)
+    assert out["logprob_forwards_per_step_per_rank"] == 128
+    assert out["logprob_s_per_step"] == pytest.approx(512 * 0.125 + logprob_comm)
+    train_comm = 512 * 2 * (one["bytes"] / 100e9 + one["count"] * 20e-6)
+    assert out["collective_s_per_step"] == pytest.approx(train_comm + logprob_comm)
+
+
 def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape():
     from types import SimpleNamespace
 
     from benchmarks.actor_throughput import predicted_step
 
     args = SimpleNamespace(
-        recipe="moonlight-16b-grpo-megatron", rows=8, micro_batch=2, prompt=1024, response=8192
+        recipe="moonlight-16b-grpo-megatron",
+        rows=8,
+        micro_batch=2,
+        logprob_micro_batch=None,
+        prompt=1024,
+        response=8192,
     )
     measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
     out = predicted_step(args, MOONLIGHT, measured)
