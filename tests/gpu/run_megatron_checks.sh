@@ -40,12 +40,14 @@
 #   graph-replays  (not in `all`; needs TE) tests/gpu/test_megatron_graph_replays.py: eager twice and
 #          graphed four times from the same weights after each of four train calls (slice), one
 #          process per variant, each about 90 s (under a 10-minute command limit, name three a
-#          call): the Triton logprob kernels with TE's shared graph buffers off, with
-#          NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, with unfused core attention, with the MLA RoPE fusion
-#          off; then as shipped; then the chunked torch path; every pass's gradient difference in
-#          the figures. Arguments pick variants, VARIANT[:ENV=VALUE]
-#          (kernels, chunked, synced, synced-before, synced-after), e.g.
-#          `graph-replays synced-before synced-after kernels:CUDA_LAUNCH_BLOCKING=1`
+#          call). Arguments pick variants, VARIANT[:ENV=VALUE] (kernels, chunked, synced,
+#          synced-before, synced-after; the knobs in the test's docstring), e.g.
+#          `graph-replays kernels kernels:RLINF_REPLAY_DTOH=current kernels:RLINF_REPLAY_GROUPED_GEMM=serial`.
+#          Without arguments: the Triton kernels as shipped, then each with one suspect removed
+#          (megatron's dispatcher side stream, TE's multi-stream expert GEMMs, TE's shared graph
+#          buffers, cuDNN's non-deterministic attention backward, unfused core attention, the MLA
+#          RoPE fusion, a sync around every graph replay), then the chunked torch path. Every pass's
+#          gradient difference, with each differing parameter, goes to the figures.
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -134,9 +136,10 @@ case "$mode" in
   graph-replays)
     python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
     variants=("${@:2}")
-    [ ${#variants[@]} -gt 0 ] || variants=(kernels:RLINF_REPLAY_BUFFER_REUSE=0 kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
-      kernels:RLINF_REPLAY_SETTINGS=attention_backend=unfused kernels:RLINF_REPLAY_SETTINGS=apply_rope_fusion=false
-      kernels chunked)
+    [ ${#variants[@]} -gt 0 ] || variants=(kernels kernels:RLINF_REPLAY_DTOH=current
+      kernels:RLINF_REPLAY_GROUPED_GEMM=serial kernels:RLINF_REPLAY_BUFFER_REUSE=0
+      kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:RLINF_REPLAY_SETTINGS=attention_backend=unfused
+      kernels:RLINF_REPLAY_SETTINGS=apply_rope_fusion=false kernels:RLINF_REPLAY_SYNC_GRAPHS=both chunked)
     for variant in "${variants[@]}"; do
       extra=(); [[ $variant == *:* ]] && extra=("${variant#*:}")
       run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 200 "${PYTEST[@]}" \

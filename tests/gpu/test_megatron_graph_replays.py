@@ -12,12 +12,22 @@ head, one variant per process (the graph actor sets the process's stream and TE'
 - `synced`: the kernels, with the device synchronised before and after each launch;
 - `synced-before` / `synced-after`: only before, or only after, each launch.
 
-Two more knobs, for finding the race: `RLINF_REPLAY_SETTINGS` (comma-separated megatron provider
-settings, as benchmarks/actor_throughput.py's --megatron-setting: `attention_backend=unfused`,
-`apply_rope_fusion=false`) and `RLINF_REPLAY_BUFFER_REUSE=0` (Transformer Engine's capture without
-the input / output buffers megatron-core shares between the layers' graphs).
+More knobs, for finding the race, each removing one suspect:
+- `RLINF_REPLAY_SETTINGS`: comma-separated megatron provider settings, as
+  benchmarks/actor_throughput.py's --megatron-setting (`attention_backend=unfused`,
+  `apply_rope_fusion=false`);
+- `RLINF_REPLAY_BUFFER_REUSE=0`: Transformer Engine's capture without the input / output buffers
+  megatron-core shares between the layers' graphs;
+- `RLINF_REPLAY_DTOH=current`: megatron's MoE dispatcher copies its token counts to the host on the
+  current stream, not on its own side stream (the one place another stream reads a graph's output);
+- `RLINF_REPLAY_GROUPED_GEMM=serial`: TE's routed-expert GEMMs one by one on the current stream,
+  not on TE's four side streams of multi-stream cuBLAS;
+- `RLINF_REPLAY_SYNC_GRAPHS=before|after|both`: the device synchronised around every graph replay;
+- `RLINF_REPLAY_MODULES=attn` (or `moe_router+moe_preprocess`): graph only those parts.
 
-Every pass's gradient difference against the first eager pass is recorded. Run:
+Every pass's gradient difference against the first eager pass is recorded, with every parameter
+that differs (backward runs from the last layer down, so the highest layer with a difference holds
+the first wrong value). Run:
 bash tests/gpu/run_megatron_checks.sh graph-replays (tests/gpu/run_megatron_checks.sh lists the
 variants it runs).
 """
@@ -25,7 +35,9 @@ variants it runs).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -44,6 +56,16 @@ from test_megatron_cuda_graphs import (  # noqa: F401  (transformer_engine: a fi
 )
 
 VARIANTS = ("kernels", "chunked", "synced", "synced-before", "synced-after")
+KNOBS = (
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+    "CUDA_LAUNCH_BLOCKING",
+    "RLINF_REPLAY_SETTINGS",
+    "RLINF_REPLAY_BUFFER_REUSE",
+    "RLINF_REPLAY_DTOH",
+    "RLINF_REPLAY_GROUPED_GEMM",
+    "RLINF_REPLAY_SYNC_GRAPHS",
+    "RLINF_REPLAY_MODULES",
+)
 STEPS, GRAPHED_PASSES = 4, 4
 
 
@@ -56,6 +78,7 @@ def pass_record(actor, reference: dict[str, torch.Tensor], step: int, name: str)
         "pass": name,
         "rel": d["grad_rel_diff"],
         "worst": [w for w in d["worst"][:3] if w[1]],
+        "differing": {n.split("decoder.")[-1]: r for n, r in d["param_rel_diff"].items() if r},
     }
 
 
@@ -94,6 +117,72 @@ def without_buffer_reuse() -> None:
     cuda_graphs.make_graphed_callables = own_buffers
 
 
+def dtoh_on_current_stream() -> None:
+    """megatron's alltoall dispatcher copies its token counts to the host on a class-wide side stream
+    (`cuda_dtoh_stream`, made by the first dispatcher); point it at the actor's current stream."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    assert MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is not None, "no alltoall dispatcher was built"
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = torch.cuda.current_stream()
+
+
+def serial_grouped_gemm() -> None:
+    """TE's GroupedLinear runs its per-expert GEMMs on four side streams of its own (multi-stream
+    cuBLAS, joined before it returns); run them one after another on the current stream instead.
+    bf16 without biases only: the slice's experts."""
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+    from transformer_engine.pytorch.module import grouped_linear
+
+    def serial(
+        A, B, out, quantization_params, out_dtype, layout="TN", m_splits=None, gelu=False, grad=False,
+        accumulate=False, bias=None, use_bias=False, use_split_accumulator=False, D_dtype=None,
+        single_output=False,
+    ):  # fmt: skip
+        assert not gelu and not use_bias and D_dtype is None, "serial grouped GEMM: bf16, no bias, no GELU"
+        if single_output:
+            starts = itertools.accumulate(m_splits, initial=0)
+            views = [out[0][a:b] for a, b in itertools.pairwise(starts)]
+        else:
+            views = out
+        for a, b, o in zip(A, B, views, strict=True):
+            if a.numel() == 0 or b.numel() == 0:  # an expert without tokens
+                if o.numel() and not accumulate:
+                    o.zero_()
+                continue
+            general_gemm(
+                a, b, out_dtype=o.dtype, out=o, layout=layout, accumulate=accumulate,
+                use_split_accumulator=use_split_accumulator, grad=grad,
+            )  # fmt: skip
+        return out, [None] * len(A), None
+
+    grouped_linear.general_grouped_gemm = serial
+
+
+def synced_graph_replays(where: str) -> None:
+    """The device synchronised before and / or after every CUDA graph replay (TE replays
+    torch.cuda.CUDAGraph objects); never inside a capture."""
+    assert where in ("before", "after", "both"), f"RLINF_REPLAY_SYNC_GRAPHS={where}: before, after or both"
+    replay = torch.cuda.CUDAGraph.replay
+
+    def synced(graph) -> None:
+        if where != "after" and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        replay(graph)
+        if where != "before" and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+
+    torch.cuda.CUDAGraph.replay = synced
+
+
+def graphed_modules(cfg):
+    """The config with RLINF_REPLAY_MODULES's parts graphed ("+" joins them), if set."""
+    text = os.environ.get("RLINF_REPLAY_MODULES")
+    if not text:
+        return cfg
+    model = replace(cfg.actor.model, cuda_graph_modules=tuple(text.split("+")))
+    return replace(cfg, actor=replace(cfg.actor, model=model))
+
+
 def provider_settings() -> contextlib.AbstractContextManager:
     text = os.environ.get("RLINF_REPLAY_SETTINGS", "")
     if not text:
@@ -112,9 +201,15 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
     use_variant(variant)
     if os.environ.get("RLINF_REPLAY_BUFFER_REUSE") == "0":
         without_buffer_reuse()
+    if os.environ.get("RLINF_REPLAY_GROUPED_GEMM") == "serial":
+        serial_grouped_gemm()
+    if os.environ.get("RLINF_REPLAY_SYNC_GRAPHS"):
+        synced_graph_replays(os.environ["RLINF_REPLAY_SYNC_GRAPHS"])
     batch = synthetic_batch(vocab_of(moonlight_slice), rows=ROWS, seed=21)
     with provider_settings():
-        actor = MegatronActor(config(moonlight_slice, packed=False))
+        actor = MegatronActor(graphed_modules(config(moonlight_slice, packed=False)))
+    if os.environ.get("RLINF_REPLAY_DTOH") == "current":
+        dtoh_on_current_stream()  # the actor has made its stream the current one
     passes: list[dict] = []
     try:
         for step in range(STEPS):
@@ -135,13 +230,7 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
         del actor
         free()
         torch.cuda.set_stream(torch.cuda.default_stream())
-    knobs = (
-        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-        "CUDA_LAUNCH_BLOCKING",
-        "RLINF_REPLAY_SETTINGS",
-        "RLINF_REPLAY_BUFFER_REUSE",
-    )
-    env = {k: os.environ[k] for k in knobs if k in os.environ}
+    env = {k: os.environ[k] for k in KNOBS if k in os.environ}
     record(f"repeated train passes from the same weights (slice, {variant})", env=env, passes=passes)
     eager = [p for p in passes if p["pass"] == "eager"]
     assert all(p["rel"] == 0.0 for p in eager), eager  # the reference itself repeats
