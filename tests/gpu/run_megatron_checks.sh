@@ -43,11 +43,13 @@
 #          call). Arguments pick variants, VARIANT[:ENV=VALUE] (kernels, chunked, synced,
 #          synced-before, synced-after; the knobs in the test's docstring), e.g.
 #          `graph-replays kernels kernels:RLINF_REPLAY_DTOH=current kernels:RLINF_REPLAY_GROUPED_GEMM=serial`.
-#          Without arguments: the Triton kernels as shipped, then each with one suspect removed
-#          (megatron's dispatcher side stream, TE's multi-stream expert GEMMs, TE's shared graph
-#          buffers, cuDNN's non-deterministic attention backward, unfused core attention, the MLA
-#          RoPE fusion, a sync around every graph replay), then the chunked torch path. Every pass's
-#          gradient difference, with each differing parameter, goes to the figures.
+#          Without arguments: the Triton kernels with the in-process rotation (RLINF_REPLAY_ROTATE=1:
+#          as shipped, then megatron's dispatcher side stream, TE's multi-stream expert GEMMs, the
+#          syncs around every replay and TE's shared graph buffers each taken out in turn, 16
+#          graphed passes each), then one process each for cuDNN's deterministic attention
+#          backward, unfused core attention and the MLA RoPE fusion off, then the chunked torch
+#          path. Every pass's gradient difference, with each differing parameter, goes to the
+#          figures.
 #   bf16-ops  (not in `all`) tests/gpu/bf16_op_errors.py: the bf16 forward against HF's, op by op on
 #          GPU-tiny, and the logprob figure of `actor` with each TE fusion switched off in turn
 #   host   (not in `all`) the grouped-experts benchmark with a host profile (--profile-host: top host
@@ -136,13 +138,12 @@ case "$mode" in
   graph-replays)
     python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
     variants=("${@:2}")
-    [ ${#variants[@]} -gt 0 ] || variants=(kernels kernels:RLINF_REPLAY_DTOH=current
-      kernels:RLINF_REPLAY_GROUPED_GEMM=serial kernels:RLINF_REPLAY_BUFFER_REUSE=0
-      kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 kernels:RLINF_REPLAY_SETTINGS=attention_backend=unfused
-      kernels:RLINF_REPLAY_SETTINGS=apply_rope_fusion=false kernels:RLINF_REPLAY_SYNC_GRAPHS=both chunked)
+    [ ${#variants[@]} -gt 0 ] || variants=(kernels:RLINF_REPLAY_ROTATE=1 kernels:NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+      kernels:RLINF_REPLAY_SETTINGS=attention_backend=unfused kernels:RLINF_REPLAY_SETTINGS=apply_rope_fusion=false
+      chunked)
     for variant in "${variants[@]}"; do
       extra=(); [[ $variant == *:* ]] && extra=("${variant#*:}")
-      run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 200 "${PYTEST[@]}" \
+      run env RLINF_REPLAY_VARIANT="${variant%%:*}" "${extra[@]}" timeout 300 "${PYTEST[@]}" \
         tests/gpu/test_megatron_graph_replays.py 2>&1 | grep -v "^  \|^$" | tail -n 4
     done ;;
   rank-emulation)

@@ -23,7 +23,10 @@ More knobs, for finding the race, each removing one suspect:
 - `RLINF_REPLAY_GROUPED_GEMM=serial`: TE's routed-expert GEMMs one by one on the current stream,
   not on TE's four side streams of multi-stream cuBLAS;
 - `RLINF_REPLAY_SYNC_GRAPHS=before|after|both`: the device synchronised around every graph replay;
-- `RLINF_REPLAY_MODULES=attn` (or `moe_router+moe_preprocess`): graph only those parts.
+- `RLINF_REPLAY_MODULES=attn` (or `moe_router+moe_preprocess`): graph only those parts;
+- `RLINF_REPLAY_ROTATE=1`: the knobs that can change between passes of one actor (the side
+  stream, the serial GEMMs, the syncs around replays, the unshared buffers with a recapture) in
+  turn after each train call, with the shipped graphs as the control, in one process (`ROTATION`).
 
 Every pass's gradient difference against the first eager pass is recorded, with every parameter
 that differs (backward runs from the last layer down, so the highest layer with a difference holds
@@ -65,6 +68,7 @@ KNOBS = (
     "RLINF_REPLAY_GROUPED_GEMM",
     "RLINF_REPLAY_SYNC_GRAPHS",
     "RLINF_REPLAY_MODULES",
+    "RLINF_REPLAY_ROTATE",
 )
 STEPS, GRAPHED_PASSES = 4, 4
 
@@ -103,9 +107,21 @@ def use_variant(variant: str) -> None:
             setattr(logprobs_triton, name, synced)
 
 
-def without_buffer_reuse() -> None:
+@contextlib.contextmanager
+def patched(owner, name: str, value):
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+@contextlib.contextmanager
+def own_graph_buffers(actor=None):
     """megatron-core captures with TE's `_reuse_graph_input_output_buffers=True` (one layer's graph
-    inputs and outputs reuse another's); capture with it off."""
+    inputs and outputs reuse another's); capture with it off. Given the actor, its graphs are released
+    on entry and on exit, so that the next train pass captures them again."""
     from megatron.core.transformer import cuda_graphs
 
     capture = cuda_graphs.make_graphed_callables
@@ -114,19 +130,26 @@ def without_buffer_reuse() -> None:
         kwargs["_reuse_graph_input_output_buffers"] = False
         return capture(*args, **kwargs)
 
-    cuda_graphs.make_graphed_callables = own_buffers
+    with patched(cuda_graphs, "make_graphed_callables", own_buffers):
+        if actor is not None:
+            actor.graphs.release()
+        try:
+            yield
+        finally:
+            if actor is not None:
+                actor.graphs.release()
 
 
-def dtoh_on_current_stream() -> None:
+def dtoh_on_current_stream(actor=None) -> contextlib.AbstractContextManager:
     """megatron's alltoall dispatcher copies its token counts to the host on a class-wide side stream
     (`cuda_dtoh_stream`, made by the first dispatcher); point it at the actor's current stream."""
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     assert MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is not None, "no alltoall dispatcher was built"
-    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = torch.cuda.current_stream()
+    return patched(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", torch.cuda.current_stream())
 
 
-def serial_grouped_gemm() -> None:
+def serial_grouped_gemm(actor=None) -> contextlib.AbstractContextManager:
     """TE's GroupedLinear runs its per-expert GEMMs on four side streams of its own (multi-stream
     cuBLAS, joined before it returns); run them one after another on the current stream instead.
     bf16 without biases only: the slice's experts."""
@@ -155,10 +178,10 @@ def serial_grouped_gemm() -> None:
             )  # fmt: skip
         return out, [None] * len(A), None
 
-    grouped_linear.general_grouped_gemm = serial
+    return patched(grouped_linear, "general_grouped_gemm", serial)
 
 
-def synced_graph_replays(where: str) -> None:
+def synced_graph_replays(where: str = "both") -> contextlib.AbstractContextManager:
     """The device synchronised before and / or after every CUDA graph replay (TE replays
     torch.cuda.CUDAGraph objects); never inside a capture."""
     assert where in ("before", "after", "both"), f"RLINF_REPLAY_SYNC_GRAPHS={where}: before, after or both"
@@ -171,7 +194,18 @@ def synced_graph_replays(where: str) -> None:
         if where != "before" and not torch.cuda.is_current_stream_capturing():
             torch.cuda.synchronize()
 
-    torch.cuda.CUDAGraph.replay = synced
+    return patched(torch.cuda.CUDAGraph, "replay", synced)
+
+
+# RLINF_REPLAY_ROTATE=1: after each train call, every one of these in turn, GRAPHED_PASSES graphed
+# passes each, in one process (each takes one suspect out; "as shipped" is the control)
+ROTATION = {
+    "as shipped": lambda actor: contextlib.nullcontext(),
+    "dtoh on the current stream": dtoh_on_current_stream,
+    "serial expert GEMMs": serial_grouped_gemm,
+    "sync around graph replays": lambda actor: synced_graph_replays("both"),
+    "own graph buffers": own_graph_buffers,
+}
 
 
 def graphed_modules(cfg):
@@ -199,17 +233,20 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
     variant = os.environ.get("RLINF_REPLAY_VARIANT", "kernels")
     assert variant in VARIANTS, f"RLINF_REPLAY_VARIANT={variant}: one of {VARIANTS}"
     use_variant(variant)
+    rotate = os.environ.get("RLINF_REPLAY_ROTATE") == "1"
+    knobs = contextlib.ExitStack()  # the per-process knobs, for the whole test
     if os.environ.get("RLINF_REPLAY_BUFFER_REUSE") == "0":
-        without_buffer_reuse()
+        knobs.enter_context(own_graph_buffers())
     if os.environ.get("RLINF_REPLAY_GROUPED_GEMM") == "serial":
-        serial_grouped_gemm()
+        knobs.enter_context(serial_grouped_gemm())
     if os.environ.get("RLINF_REPLAY_SYNC_GRAPHS"):
-        synced_graph_replays(os.environ["RLINF_REPLAY_SYNC_GRAPHS"])
+        knobs.enter_context(synced_graph_replays(os.environ["RLINF_REPLAY_SYNC_GRAPHS"]))
     batch = synthetic_batch(vocab_of(moonlight_slice), rows=ROWS, seed=21)
     with provider_settings():
         actor = MegatronActor(graphed_modules(config(moonlight_slice, packed=False)))
     if os.environ.get("RLINF_REPLAY_DTOH") == "current":
-        dtoh_on_current_stream()  # the actor has made its stream the current one
+        knobs.enter_context(dtoh_on_current_stream())  # the actor has made its stream the current one
+    rotation = ROTATION if rotate else {"graphed": ROTATION["as shipped"]}
     passes: list[dict] = []
     try:
         for step in range(STEPS):
@@ -220,18 +257,28 @@ def test_repeated_passes_give_the_same_gradients(moonlight_slice):
             reference = {n: g.detach().clone() for n, g in main_grads(actor).items()}
             eager_pass(actor, micros)
             passes.append(pass_record(actor, reference, step, "eager"))
-            for replay in range(GRAPHED_PASSES):
-                actor.graphs.ensure_captured()
-                one_pass(actor, micros)
-                passes.append(pass_record(actor, reference, step, f"graphed {replay}"))
+            for name, knob in rotation.items():
+                with knob(actor):
+                    for replay in range(GRAPHED_PASSES):
+                        actor.graphs.ensure_captured()
+                        one_pass(actor, micros)
+                        passes.append(pass_record(actor, reference, step, f"{name} {replay}"))
             del reference
     finally:
+        knobs.close()
         actor.offload()
         del actor
         free()
         torch.cuda.set_stream(torch.cuda.default_stream())
     env = {k: os.environ[k] for k in KNOBS if k in os.environ}
-    record(f"repeated train passes from the same weights (slice, {variant})", env=env, passes=passes)
+    differing_by = {n: sum(p["rel"] != 0.0 for p in passes if p["pass"].startswith(n)) for n in rotation}
+    record(
+        f"repeated train passes from the same weights (slice, {variant})",
+        env=env,
+        graphed_passes_differing=differing_by,
+        graphed_passes_each=STEPS * GRAPHED_PASSES,
+        passes=passes,
+    )
     eager = [p for p in passes if p["pass"] == "eager"]
     assert all(p["rel"] == 0.0 for p in eager), eager  # the reference itself repeats
     differing = [p for p in passes if p["rel"] != 0.0]
