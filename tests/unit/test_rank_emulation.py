@@ -119,7 +119,12 @@ def test_a_logprob_forward_of_several_sequences_moves_the_same_bytes_in_fewer_co
     assert out["collective_s_per_step"] == pytest.approx(train_comm + logprob_comm)
 
 
-def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape():
+@pytest.mark.parametrize(
+    "rows, train_rows, logprob_rows",
+    [({}, 2, 2), ({"micro_batch_size": 4}, 4, 4), ({"logprob_micro_batch_size": 4}, 2, 4)],
+)
+def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape(rows, train_rows, logprob_rows):
+    """--micro-batch 2 and no --logprob-micro-batch, or a variant's rows a forward instead."""
     from types import SimpleNamespace
 
     from benchmarks.actor_throughput import predicted_step
@@ -133,9 +138,19 @@ def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape():
         response=8192,
     )
     measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
-    out = predicted_step(args, MOONLIGHT, measured)
-    forward = collectives_per_micro_batch(MOONLIGHT, 2 * 9216, 8, 8)
+    out = predicted_step(args, MOONLIGHT, measured, rows)
     link = LinkAssumption()
-    comm_s = forward["bytes"] / (link.gbps * 1e9) + forward["count"] * link.latency_us * 1e-6
-    assert out["tokens_per_micro_batch"] == 2 * 9216 and out["micro_batches_per_step_per_rank"] == 256
-    assert out["actor_s_per_step"] == pytest.approx(512 * (4.0 + 1.0) / 8 + 256 * 3 * comm_s)
+
+    def comm_s(sequences: int) -> float:
+        forward = collectives_per_micro_batch(MOONLIGHT, sequences * 9216, 8, 8)
+        return forward["bytes"] / (link.gbps * 1e9) + forward["count"] * link.latency_us * 1e-6
+
+    train_forwards, logprob_forwards = 512 // train_rows, 512 // logprob_rows
+    assert out["tokens_per_micro_batch"] == train_rows * 9216
+    assert out["micro_batches_per_step_per_rank"] == train_forwards
+    assert out["logprob_forwards_per_step_per_rank"] == logprob_forwards
+    assert out["actor_s_per_step"] == pytest.approx(
+        512 * (4.0 + 1.0) / 8
+        + train_forwards * 2 * comm_s(train_rows)
+        + logprob_forwards * comm_s(logprob_rows)
+    )
