@@ -77,9 +77,12 @@ class HostOps:
 def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dict:
     """The idle time between kernels (gaps of at least `min_gap_us`), by cause and by host source."""
     kernels = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e)
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
+        (
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e)
+            for e in events
+            if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
+        ),
+        key=lambda k: k[:2],  # kernels on two streams can share their times; their events do not sort
     )
     if not kernels:
         raise ValueError("no GPU kernel events in the trace (profiled without the GPU activity?)")

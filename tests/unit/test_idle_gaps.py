@@ -80,6 +80,8 @@ def test_threshold_and_overlapping_kernels():
         kernel("c", 120, 10, correlation=3),  # inside b: no gap
         runtime("cudaLaunchKernel", 3, 1, correlation=4),
         kernel("d", 140, 20, correlation=4),  # after c but still inside b: no gap either
+        runtime("cudaLaunchKernel", 4, 1, correlation=5),
+        kernel("d_twin", 140, 20, correlation=5),  # same times on another stream
     ]
     assert idle_gaps(overlapping)["gaps"] == 0
 
