@@ -46,6 +46,9 @@ SYNC_CALLS = (
     "cuMemcpyDtoH_v2",
 )
 CAUSES = ("host sync", "host launch", "dependency", "unlinked")
+# the host's and the GPU's clocks in a trace agree to a few microseconds: a sync that returns this
+# much before the GPU ran dry still counts as waiting for it
+CLOCK_SKEW_US = 10.0
 
 
 class HostOps:
@@ -143,7 +146,7 @@ def _cause(
         return "dependency", str(kernel.get("name", "?"))
     # the latest sync of the launching thread that returned inside the gap, before the launch
     i = bisect.bisect_right(sync_ends, launched_at) - 1
-    while i >= 0 and syncs[i][0] >= gap_start:
+    while i >= 0 and syncs[i][0] >= gap_start - CLOCK_SKEW_US:
         end, sync = syncs[i]
         if sync.get("tid") == launch.get("tid"):
             return "host sync", f"{sync['name']} in {host.around(sync.get('tid'), end - 1e-3)}"
