@@ -1,6 +1,7 @@
 """benchmarks/actor_throughput.py --megatron-setting / --megatron-variants: each entry becomes the
 provider setting megatron-core reads (its AttnBackend enum for attention_backend, booleans for
-switches)."""
+switches), the recipe key it names, or the rows of a forward; an emulated rank's prediction from a
+variant's rows: tests/unit/test_rank_emulation.py."""
 
 import pytest
 
@@ -95,3 +96,27 @@ def test_a_cuda_graph_variant_reaches_the_actors_own_config():
     assert graphed.model.cuda_graph_impl == "transformer_engine"
     assert graphed.model.cuda_graph_modules == ("moe_router", "moe_preprocess")
     assert fixed_train_shape(graphed) is not None and fixed_train_shape(cfg.actor) is None
+
+
+def test_a_variant_may_set_the_rows_of_a_forward():
+    """`--megatron-variants "micro_batch_size=4;moe_grouped_gemm_impl=torch"`: the rows go to the
+    variant's actor config, never to the provider."""
+    import rlinf.config.megatron_settings as settings
+    from benchmarks.actor_throughput import provider_overrides, with_model_keys
+    from rlinf.config.schema import ActorConfig
+
+    variant = parse_variant("micro_batch_size=4;moe_grouped_gemm_impl=torch;moe_permute_fusion=false")
+    assert variant == {"micro_batch_size": 4, "moe_grouped_gemm_impl": "torch", "moe_permute_fusion": False}
+    actor = ActorConfig(training_backend="megatron", micro_batch_size=1, logprob_micro_batch_size=2)
+    changed = with_model_keys(actor, variant)
+    assert (changed.micro_batch_size, changed.logprob_micro_batch_size) == (4, 2)
+    assert changed.model.moe_grouped_gemm_impl == "torch"
+    with provider_overrides(variant):
+        provider = settings.translate(actor, te_available=True).provider
+    assert "micro_batch_size" not in provider and provider["moe_permute_fusion"] is False
+
+
+@pytest.mark.parametrize("text", ["micro_batch_size=0", "logprob_micro_batch_size=four"])
+def test_rows_must_be_a_positive_count(text):
+    with pytest.raises(SystemExit, match="takes a number of rows"):
+        parse_variant(text)
