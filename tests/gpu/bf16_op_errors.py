@@ -81,7 +81,7 @@ def megatron_trace(path: Path, precision: str, tokens: torch.Tensor) -> dict[str
 
 def test_figure(path: Path, overrides: dict, exact: torch.Tensor, batch) -> float:
     """compare_logprobs' bf16 figure: mean |Megatron bf16 - HF fp32| over the response tokens."""
-    from benchmarks.actor_throughput import provider_overrides
+    from benchmarks.megatron_variants import provider_overrides
     from rlinf.workers.actor.base import with_logprobs
     from rlinf.workers.actor.megatron_actor import MegatronActor
 
@@ -130,7 +130,7 @@ def figures(checkpoint: Path, variants: dict, rows: int) -> None:
     batch = synthetic_batch(vocab_of(checkpoint), rows=rows, response=32)
     exact = hf_logprobs(checkpoint, "fp32", batch)
     hf_noise = (hf_logprobs(checkpoint, "bf16", batch) - exact)[batch.response_mask].abs().mean().item()
-    from benchmarks.actor_throughput import parse_setting
+    from benchmarks.megatron_variants import parse_setting
 
     for name, settings in variants.items():
         overrides = {}

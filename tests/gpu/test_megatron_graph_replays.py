@@ -14,7 +14,7 @@ head, one variant per process (the graph actor sets the process's stream and TE'
 
 More knobs, for finding the race, each removing one suspect:
 - `RLINF_REPLAY_SETTINGS`: comma-separated megatron provider settings, as
-  benchmarks/actor_throughput.py's --megatron-setting (`attention_backend=unfused`,
+  benchmarks/actor_throughput.py's --megatron-setting (benchmarks/megatron_variants.py) (`attention_backend=unfused`,
   `apply_rope_fusion=false`);
 - `RLINF_REPLAY_BUFFER_REUSE=0`: Transformer Engine's capture without the input / output buffers
   megatron-core shares between the layers' graphs;
@@ -221,7 +221,7 @@ def provider_settings() -> contextlib.AbstractContextManager:
     text = os.environ.get("RLINF_REPLAY_SETTINGS", "")
     if not text:
         return contextlib.nullcontext()
-    from benchmarks.actor_throughput import parse_setting, provider_overrides
+    from benchmarks.megatron_variants import parse_setting, provider_overrides
 
     return provider_overrides({k: v for item in text.split(",") for k, v in parse_setting(item).items()})
 

@@ -61,7 +61,8 @@ def _child(_rank: int, workdir: str) -> None:
 
 
 def _tiny(work: Path) -> dict:
-    from benchmarks.actor_throughput import batch, emulated_model, provider_overrides
+    from benchmarks.actor_throughput import batch, emulated_model
+    from benchmarks.megatron_variants import provider_overrides
     from benchmarks.rank_emulation import EMULATION_SETTINGS, random_weights
     from rlinf.config.schema import ActorConfig, Config, OptimConfig, RunnerConfig
     from rlinf.models.slice import build_random_checkpoint, moonlight_slice_config

@@ -11,7 +11,7 @@ pytest.importorskip(
 
 from megatron.core.transformer.enums import AttnBackend  # noqa: E402
 
-from benchmarks.actor_throughput import parse_setting, parse_variant  # noqa: E402
+from benchmarks.megatron_variants import parse_setting, parse_variant  # noqa: E402
 
 
 def test_switches_become_booleans_and_attention_backend_its_enum():
@@ -65,7 +65,7 @@ def test_a_model_key_variant_changes_the_recipe_and_a_provider_key_the_provider(
     """`--megatron-variants moe_grouped_gemm_impl=torch`: the variant actor's recipe asks for rlinf's
     grouped_mm experts (translate() then picks them for the TE spec); provider keys stay provider keys."""
     import rlinf.config.megatron_settings as settings
-    from benchmarks.actor_throughput import provider_overrides
+    from benchmarks.megatron_variants import provider_overrides
     from rlinf.config.schema import ActorConfig, ModelConfig
 
     actor = ActorConfig(training_backend="megatron", model=ModelConfig())
@@ -82,7 +82,7 @@ def test_a_cuda_graph_variant_reaches_the_actors_own_config():
     """`--megatron-variants "cuda_graph_impl=transformer_engine;cuda_graph_modules=moe_router+moe_preprocess"`:
     one variant of two settings, the list's items joined by "+"; the Megatron actor reads these keys
     from its config (its graphs, its fixed micro-batch shape), so the variant's config carries them."""
-    from benchmarks.actor_throughput import with_model_keys
+    from benchmarks.megatron_variants import with_model_keys
     from rlinf.config.megatron_graphs import fixed_train_shape
     from rlinf.config.schema import ActorConfig, Config
 
@@ -102,7 +102,7 @@ def test_a_variant_may_set_the_rows_of_a_forward():
     """`--megatron-variants "micro_batch_size=4;moe_grouped_gemm_impl=torch"`: the rows go to the
     variant's actor config, never to the provider."""
     import rlinf.config.megatron_settings as settings
-    from benchmarks.actor_throughput import provider_overrides, with_model_keys
+    from benchmarks.megatron_variants import provider_overrides, with_model_keys
     from rlinf.config.schema import ActorConfig
 
     variant = parse_variant("micro_batch_size=4;moe_grouped_gemm_impl=torch;moe_permute_fusion=false")
