@@ -108,7 +108,7 @@ def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dic
     for start, stop, kernel in kernels[1:]:
         gap = start - busy_until
         if gap >= min_gap_us:
-            cause, source = _cause(busy_until, start, kernel, launches, syncs, sync_ends, host)
+            cause, source = _cause(busy_until, kernel, launches, syncs, sync_ends, host)
             for entry in (by_cause[cause], by_source[(cause, source)]):
                 entry[0] += gap
                 entry[1] += 1
@@ -131,7 +131,6 @@ def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dic
 
 def _cause(
     gap_start: float,
-    gap_end: float,
     kernel: dict,
     launches: dict[object, dict],
     syncs: list[tuple[float, dict]],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import fields, replace
+from unittest import mock
 
 from rlinf.config.schema import ActorConfig, ModelConfig
 
@@ -27,8 +28,7 @@ def with_model_keys(actor: ActorConfig, overrides: dict) -> ActorConfig:
     return replace(actor, model=replace(actor.model, **model), **rows)
 
 
-@contextlib.contextmanager
-def provider_overrides(overrides: dict):
+def provider_overrides(overrides: dict) -> contextlib.AbstractContextManager:
     """Megatron actors built inside get `overrides` on top of the recipe's settings: a key of
     `actor.model` (e.g. moe_grouped_gemm_impl) changes the recipe before the translation, any
     other key the provider setting it names."""
@@ -41,11 +41,7 @@ def provider_overrides(overrides: dict):
         translated = translate(with_model_keys(actor, overrides), te_available=te_available)
         return replace(translated, provider={**translated.provider, **provider})
 
-    settings.translate = with_overrides
-    try:
-        yield
-    finally:
-        settings.translate = translate
+    return mock.patch.object(settings, "translate", with_overrides)
 
 
 def parse_setting(text: str) -> dict:

@@ -14,8 +14,8 @@ head, one variant per process (the graph actor sets the process's stream and TE'
 
 More knobs, for finding the race, each removing one suspect:
 - `RLINF_REPLAY_SETTINGS`: comma-separated megatron provider settings, as
-  benchmarks/actor_throughput.py's --megatron-setting (benchmarks/megatron_variants.py) (`attention_backend=unfused`,
-  `apply_rope_fusion=false`);
+  benchmarks/actor_throughput.py's --megatron-setting takes them (benchmarks/megatron_variants.py),
+  e.g. `attention_backend=unfused`, `apply_rope_fusion=false`;
 - `RLINF_REPLAY_BUFFER_REUSE=0`: Transformer Engine's capture without the input / output buffers
   megatron-core shares between the layers' graphs;
 - `RLINF_REPLAY_DTOH=current`: megatron's MoE dispatcher copies its token counts to the host on the
@@ -41,6 +41,7 @@ import contextlib
 import itertools
 import os
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
@@ -108,16 +109,6 @@ def use_variant(variant: str) -> None:
 
 
 @contextlib.contextmanager
-def patched(owner, name: str, value):
-    saved = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, saved)
-
-
-@contextlib.contextmanager
 def own_graph_buffers(actor=None):
     """megatron-core captures with TE's `_reuse_graph_input_output_buffers=True` (one layer's graph
     inputs and outputs reuse another's); capture with it off. Given the actor, its graphs are released
@@ -130,7 +121,7 @@ def own_graph_buffers(actor=None):
         kwargs["_reuse_graph_input_output_buffers"] = False
         return capture(*args, **kwargs)
 
-    with patched(cuda_graphs, "make_graphed_callables", own_buffers):
+    with mock.patch.object(cuda_graphs, "make_graphed_callables", own_buffers):
         if actor is not None:
             actor.graphs.release()
         try:
@@ -146,7 +137,7 @@ def dtoh_on_current_stream(actor=None) -> contextlib.AbstractContextManager:
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     assert MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is not None, "no alltoall dispatcher was built"
-    return patched(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", torch.cuda.current_stream())
+    return mock.patch.object(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", torch.cuda.current_stream())
 
 
 def serial_grouped_gemm(actor=None) -> contextlib.AbstractContextManager:
@@ -178,7 +169,7 @@ def serial_grouped_gemm(actor=None) -> contextlib.AbstractContextManager:
             )  # fmt: skip
         return out, [None] * len(A), None
 
-    return patched(grouped_linear, "general_grouped_gemm", serial)
+    return mock.patch.object(grouped_linear, "general_grouped_gemm", serial)
 
 
 def synced_graph_replays(where: str = "both") -> contextlib.AbstractContextManager:
@@ -194,7 +185,7 @@ def synced_graph_replays(where: str = "both") -> contextlib.AbstractContextManag
         if where != "before" and not torch.cuda.is_current_stream_capturing():
             torch.cuda.synchronize()
 
-    return patched(torch.cuda.CUDAGraph, "replay", synced)
+    return mock.patch.object(torch.cuda.CUDAGraph, "replay", synced)
 
 
 # RLINF_REPLAY_ROTATE=1: after each train call, every one of these in turn, GRAPHED_PASSES graphed
