@@ -72,6 +72,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -208,6 +209,7 @@ def measure(
         actor.compute_logprobs(data)
         torch.cuda.synchronize()
         figures["seconds_per_logprob_call"] = time.perf_counter() - start
+        figures["seconds_per_optimizer_step"] = optimizer_step_seconds(actor, data, step=50 + run)
         if graphs is not None:
             figures.update(
                 cuda_graph_layers=graphs.graphed_layers(),  # held through the timed calls
@@ -220,6 +222,32 @@ def measure(
         runs.append(figures)
     release(actor)
     return runs, spec
+
+
+def optimizer_step_seconds(actor, data: RolloutBatch, step: int) -> float:
+    """Wall seconds of the optimizer phase in one more train call (one optimizer step a call: the
+    benchmark's global batch is its rows): from the grad norm, with the backward's work finished,
+    to the step's last kernel (nan when the call skipped its step). The recipe steps its optimizer once per global batch, not once per
+    benchmark call, so the rank prediction counts this phase apart (benchmarks/rank_prediction.py)."""
+    marks: list[float] = []
+    clip, step_optimizer = actor.clip_grad_norm, actor.optimizer_step
+
+    def timed_clip(max_norm: float) -> float:
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+        return clip(max_norm)
+
+    def timed_step() -> None:
+        step_optimizer()
+        torch.cuda.synchronize()
+        marks.append(time.perf_counter())
+
+    with (
+        mock.patch.object(actor, "clip_grad_norm", timed_clip),
+        mock.patch.object(actor, "optimizer_step", timed_step),
+    ):
+        actor.train(data, step=step)
+    return marks[1] - marks[0] if len(marks) == 2 else float("nan")  # nan: the call stepped nothing
 
 
 def profiled_figures(trace: dict) -> dict:
@@ -490,6 +518,7 @@ def predicted_step(args, config: dict, measured: dict, rows: dict | None = None)
         load_config(args.recipe, []),
         config,
         train_call_s=measured["seconds_per_train_call"],
+        optimizer_step_s=measured["seconds_per_optimizer_step"],
         logprob_call_s=measured["seconds_per_logprob_call"],
         sequences_per_call=args.rows,
         sequences_per_micro_batch=micro_batch,

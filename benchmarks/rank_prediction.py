@@ -4,12 +4,14 @@ The emulated rank measures one rank's GPU work and host work at the recipe's lay
 collectives. The prediction (docs/moonlight.md, section 6):
 
     per-GPU actor time per step = sequences per step per rank
-        x (train + logprob seconds per sequence, measured)
+        x (forward / backward + logprob seconds per sequence, measured)
+        + optimizer steps per step x seconds per optimizer step, measured
         + micro-batches per step per rank x collective seconds per micro-batch, estimated
           (bytes / link bandwidth + count x latency)
 
 Sequences per step per rank: rollout_batch_size x group_size / data-parallel size; micro-batches:
-that over the benchmark's micro-batch size (the recipe's, 1, by default). The collectives are assumed not to overlap compute (megatron-core's TP
+that over the benchmark's micro-batch size; optimizer steps: that over actor.global_batch_size / data-parallel
+size (the benchmark's train call steps once, so its optimizer phase is timed apart). The collectives are assumed not to overlap compute (megatron-core's TP
 communication overlap is off in the recipe), each moving over NVLink at `LinkAssumption` rates.
 Bytes one rank receives per micro-batch of T tokens (bf16, W = TP ranks, f = (W - 1) / W), forward:
 
@@ -89,12 +91,21 @@ def sequences_per_step(cfg) -> int:
     return -(-cfg.data.rollout_batch_size * cfg.algorithm.group_size // dp)
 
 
+def optimizer_sequences_per_step(cfg) -> int:
+    """Sequences one rank trains per optimizer step: actor.global_batch_size over the data-parallel
+    ranks."""
+    from rlinf.config.validate import actor_data_parallel_size
+
+    return max(cfg.actor.global_batch_size // max(actor_data_parallel_size(cfg), 1), 1)
+
+
 def predict_actor_step(
     cfg,
     hf: dict,
     *,
     train_call_s: float,
     logprob_call_s: float,
+    optimizer_step_s: float = 0.0,
     sequences_per_call: int,
     sequences_per_micro_batch: int,
     tokens_per_micro_batch: int,
@@ -102,7 +113,9 @@ def predict_actor_step(
     link: LinkAssumption = LinkAssumption(),
 ) -> dict:
     """The per-GPU actor seconds of one GRPO step of recipe `cfg` (module docstring), from the
-    emulated rank's measured train and logprob calls over `sequences_per_call` sequences, in train
+    emulated rank's measured train and logprob calls over `sequences_per_call` sequences (a train
+    call steps the optimizer once, in `optimizer_step_s` of its time; the recipe steps it once per
+    actor.global_batch_size sequences over the data-parallel ranks), in train
     micro-batches of `sequences_per_micro_batch` (`tokens_per_micro_batch` tokens) and logprob
     forwards of `logprob_sequences_per_micro_batch` sequences (default: the train micro-batch's).
     A logprob forward of more sequences moves the same bytes in fewer, larger collectives."""
@@ -124,11 +137,14 @@ def predict_actor_step(
     )
     train_comm_s = micro_batches * 2 * forward_comm_s(sequences_per_micro_batch)
     logprob_comm_s = logprob_forwards * forward_comm_s(logprob_rows)
-    train_s = sequences * train_call_s / sequences_per_call + train_comm_s
+    optimizer_steps = -(-sequences // optimizer_sequences_per_step(cfg))
+    passes_s = train_call_s - optimizer_step_s  # the call's forward / backward passes
+    train_s = sequences * passes_s / sequences_per_call + optimizer_steps * optimizer_step_s + train_comm_s
     logprob_s = sequences * logprob_call_s / sequences_per_call + logprob_comm_s
     return {
         "sequences_per_step_per_rank": sequences,
         "micro_batches_per_step_per_rank": micro_batches,
+        "optimizer_steps_per_step": optimizer_steps,
         "logprob_forwards_per_step_per_rank": logprob_forwards,
         "tokens_per_micro_batch": tokens_per_micro_batch,
         "collective_gib_per_train_micro_batch": 2 * comm["bytes"] / 2**30,

@@ -137,7 +137,11 @@ def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape(rows, train
         prompt=1024,
         response=8192,
     )
-    measured = {"seconds_per_train_call": 4.0, "seconds_per_logprob_call": 1.0}
+    measured = {
+        "seconds_per_train_call": 4.0,
+        "seconds_per_optimizer_step": 1.0,
+        "seconds_per_logprob_call": 1.0,
+    }
     out = predicted_step(args, MOONLIGHT, measured, rows)
     link = LinkAssumption()
 
@@ -149,8 +153,59 @@ def test_the_benchmark_predicts_from_its_medians_and_its_batch_shape(rows, train
     assert out["tokens_per_micro_batch"] == train_rows * 9216
     assert out["micro_batches_per_step_per_rank"] == train_forwards
     assert out["logprob_forwards_per_step_per_rank"] == logprob_forwards
+    assert out["optimizer_steps_per_step"] == 4  # 512 sequences, global batch 128, DP 1
     assert out["actor_s_per_step"] == pytest.approx(
-        512 * (4.0 + 1.0) / 8
+        512 * (3.0 + 1.0) / 8
+        + 4 * 1.0
         + train_forwards * 2 * comm_s(train_rows)
         + logprob_forwards * comm_s(logprob_rows)
     )
+
+
+def test_the_optimizer_phase_counts_once_per_global_batch_not_once_per_benchmark_call():
+    """A 2 s call of 4 sequences whose optimizer phase takes 0.5 s: 1.5 s of passes per 4 sequences,
+    and the recipe's 512 sequences at global batch 128 step the optimizer 4 times."""
+    from rlinf.config import load_config
+
+    cfg = load_config("moonlight-16b-grpo-megatron", [])
+    link = LinkAssumption(gbps=1e12, latency_us=0.0)  # collectives free: the passes and the steps alone
+    shape = dict(sequences_per_call=4, sequences_per_micro_batch=1, tokens_per_micro_batch=9216, link=link)
+    out = predict_actor_step(
+        cfg, MOONLIGHT, train_call_s=2.0, logprob_call_s=0.0, optimizer_step_s=0.5, **shape
+    )
+    assert out["optimizer_steps_per_step"] == 4
+    assert out["train_s_per_step"] == pytest.approx(512 * 1.5 / 4 + 4 * 0.5, rel=1e-6)
+    fewer = predict_actor_step(
+        load_config("moonlight-16b-grpo-megatron", ["actor.global_batch_size=512"]),
+        MOONLIGHT, train_call_s=2.0, logprob_call_s=0.0, optimizer_step_s=0.5, **shape,
+    )  # fmt: skip
+    assert fewer["optimizer_steps_per_step"] == 1
+    assert fewer["train_s_per_step"] == pytest.approx(512 * 1.5 / 4 + 0.5, rel=1e-6)
+
+
+def test_the_optimizer_phase_is_timed_from_the_grad_norm_to_the_steps_end(monkeypatch):
+    """An actor whose passes take 0.2 s, grad norm 0.05 s and step 0.1 s: 0.15 s, the passes not
+    included; the actor's own methods are back in place afterwards."""
+    import time
+
+    from benchmarks.actor_throughput import optimizer_step_seconds
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Actor:
+        def clip_grad_norm(self, max_norm: float) -> float:
+            time.sleep(0.05)
+            return 1.0
+
+        def optimizer_step(self) -> None:
+            time.sleep(0.1)
+
+        def train(self, data, step: int) -> None:
+            time.sleep(0.2)
+            self.clip_grad_norm(1.0)
+            self.optimizer_step()
+
+    actor = Actor()
+    seconds = optimizer_step_seconds(actor, None, step=1)
+    assert 0.15 <= seconds < 0.2
+    assert "clip_grad_norm" not in vars(actor) and "optimizer_step" not in vars(actor)
