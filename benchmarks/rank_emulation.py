@@ -28,6 +28,7 @@ benchmarks/rank_prediction.py adds an estimate of it.
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -165,18 +166,12 @@ def _create_mirror_group(store, rank: int, world_size: int, timeout) -> MirrorGr
     return MirrorGroup(rank, world_size)
 
 
-@contextlib.contextmanager
-def random_weights():
+def random_weights() -> contextlib.AbstractContextManager:
     """Megatron actors built inside skip the HF weight load (their checkpoint folder needs only
     config.json); with EMULATION_SETTINGS megatron-core initialises the weights."""
     import rlinf.models.megatron.bridge as bridge
 
-    load = bridge.load_hf_weights_strictly
-    bridge.load_hf_weights_strictly = lambda _bridge, models: models
-    try:
-        yield
-    finally:
-        bridge.load_hf_weights_strictly = load
+    return mock.patch.object(bridge, "load_hf_weights_strictly", lambda _bridge, models: models)
 
 
 def emulate_rank(world_size: int, *, tp: int, ep: int, etp: int = 1) -> None:
