@@ -27,7 +27,8 @@ routed experts, router, LM head; not the embedding lookup) + causal attention 6 
                           # Python call sites where the profiler links them (torch 2.11 links none
                           # while CUDA activity is profiled: the counts and op names remain),
                           # and each idle gap of that call put down to a host sync, a late launch
-                          # or a dependency, with the host ops around it (benchmarks/idle_gaps.py)
+                          # or a dependency, with the host ops around it and the project's
+                          # Python frame the host ran meanwhile (benchmarks/idle_gaps.py)
         [--megatron-grouped-gemm]  # Megatron actor with actor.model.moe_grouped_gemm: true (without
                                    # TE: rlinf's grouped-GEMM experts instead of SequentialMLP)
         [--backends torch,megatron,megatron-te-free]  # megatron: the spec this machine runs (TE's

@@ -17,6 +17,11 @@ came late:
 - `unlinked`: no runtime call carries the kernel's correlation (a CUDA graph replay's inner
   kernels, or a trace without CPU activity).
 
+With Python stacks in the trace (`with_stack=True`), `host_code` also names the code the host ran
+while the GPU waited: for each host sync or host launch gap, the innermost Python frame of the
+project's packages (`CODE_PACKAGES`) running on the launching thread halfway between the moment the
+host could have queued work (the gap's start, or the sync's return) and the launch.
+
 A host profiled with CPU activity runs slower than without, so the gaps are longer than in an
 unprofiled call; their causes and relative sizes are what this is for.
 """
@@ -46,30 +51,46 @@ SYNC_CALLS = (
     "cuMemcpyDtoH_v2",
 )
 CAUSES = ("host sync", "host launch", "dependency", "unlinked")
+# the packages whose Python frames `host_code` names (the profiler's frame names hold their paths)
+CODE_PACKAGES = ("rlinf/", "benchmarks/", "megatron/", "transformer_engine/")
 # the host's and the GPU's clocks in a trace agree to a few microseconds: a sync that returns this
 # much before the GPU ran dry still counts as waiting for it
 CLOCK_SKEW_US = 10.0
 
 
-class HostOps:
-    """The host ops of each thread, to name the innermost one running at a moment."""
+def code_frame(name: str) -> str | None:
+    """A Python frame's name from the package path on ('.../site/megatron/core/x.py(12): f' ->
+    'megatron/core/x.py(12): f'), or None outside CODE_PACKAGES."""
+    starts = [i for i in (name.find(p) for p in CODE_PACKAGES) if i >= 0 and (i == 0 or name[i - 1] == "/")]
+    return name[min(starts) :] if starts else None
 
-    def __init__(self, events: list[dict]):
+
+class HostOps:
+    """The host ops of each thread (or the Python frames, with `frames`), to name the innermost one
+    running at a moment."""
+
+    def __init__(self, events: list[dict], frames: bool = False):
         by_thread: dict[object, list[tuple[float, float, str]]] = defaultdict(list)
         for e in events:
-            if e.get("ph") == "X" and e.get("cat") in HOST_OP_CATEGORIES:
+            if e.get("ph") != "X":
+                continue
+            if frames:
+                name = code_frame(str(e["name"])) if e.get("cat") == "python_function" else None
+            else:
+                name = str(e["name"]) if e.get("cat") in HOST_OP_CATEGORIES else None
+            if name is not None:
                 start = float(e["ts"])
-                by_thread[e.get("tid")].append((start, start + float(e.get("dur", 0.0)), str(e["name"])))
+                by_thread[e.get("tid")].append((start, start + float(e.get("dur", 0.0)), name))
         self.ops = {tid: sorted(ops) for tid, ops in by_thread.items()}
         self.starts = {tid: [op[0] for op in ops] for tid, ops in self.ops.items()}
 
-    def around(self, tid: object, moment: float) -> str:
-        """'inner < outer': the two innermost ops of `tid` running at `moment` ('-' when none).
+    def around(self, tid: object, moment: float, depth: int = 2) -> str:
+        """'inner < outer': the `depth` innermost ops of `tid` running at `moment` ('-' when none).
         Ops nest, so the innermost running op is the running op that started last."""
         ops, starts = self.ops.get(tid, []), self.starts.get(tid, [])
         names: list[str] = []
         i = bisect.bisect_right(starts, moment) - 1
-        while i >= 0 and len(names) < 2:
+        while i >= 0 and len(names) < depth:
             start, stop, name = ops[i]
             if start <= moment <= stop and (not names or name != names[-1]):
                 names.append(name)
@@ -101,15 +122,20 @@ def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dic
             syncs.append((float(e["ts"]) + float(e.get("dur", 0.0)), e))
     syncs.sort(key=lambda s: s[0])
     sync_ends = [s[0] for s in syncs]
-    host = HostOps(events)
+    host, frames = HostOps(events), HostOps(events, frames=True)
     by_cause = {cause: [0.0, 0] for cause in CAUSES}
     by_source: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    by_code: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     busy_until = kernels[0][1]
     for start, stop, kernel in kernels[1:]:
         gap = start - busy_until
         if gap >= min_gap_us:
-            cause, source = _cause(busy_until, kernel, launches, syncs, sync_ends, host)
-            for entry in (by_cause[cause], by_source[(cause, source)]):
+            cause, source, busy = _cause(busy_until, kernel, launches, syncs, sync_ends, host)
+            entries = [by_cause[cause], by_source[(cause, source)]]
+            if busy is not None and frames.ops:
+                tid, (since, launched_at) = busy
+                entries.append(by_code[frames.around(tid, (since + launched_at) / 2, depth=1)])
+            for entry in entries:
                 entry[0] += gap
                 entry[1] += 1
         busy_until = max(busy_until, stop)
@@ -126,6 +152,16 @@ def idle_gaps(events: list[dict], min_gap_us: float = 5.0, top: int = 15) -> dic
             {"cause": cause, "source": source, "ms": round(ms / 1e3, 3), "gaps": n}
             for (cause, source), (ms, n) in ranked[:top]
         ],
+        **(
+            {
+                "host_code": [
+                    {"code": code, "ms": round(ms / 1e3, 3), "gaps": n}
+                    for code, (ms, n) in sorted(by_code.items(), key=lambda kv: -kv[1][0])[:top]
+                ]
+            }
+            if frames.ops
+            else {}
+        ),
     }
 
 
@@ -136,21 +172,25 @@ def _cause(
     syncs: list[tuple[float, dict]],
     sync_ends: list[float],
     host: HostOps,
-) -> tuple[str, str]:
+) -> tuple[str, str, tuple[object, tuple[float, float]] | None]:
+    """(cause, source, where the host was busy instead: its thread and (from, to), for host
+    causes)."""
     launch = launches.get((kernel.get("args") or {}).get("correlation"))
     if launch is None:
-        return "unlinked", str(kernel.get("name", "?"))
+        return "unlinked", str(kernel.get("name", "?")), None
     launched_at = float(launch["ts"])
     if launched_at < gap_start:
-        return "dependency", str(kernel.get("name", "?"))
+        return "dependency", str(kernel.get("name", "?")), None
+    tid = launch.get("tid")
     # the latest sync of the launching thread that returned inside the gap, before the launch
     i = bisect.bisect_right(sync_ends, launched_at) - 1
     while i >= 0 and syncs[i][0] >= gap_start - CLOCK_SKEW_US:
         end, sync = syncs[i]
-        if sync.get("tid") == launch.get("tid"):
-            return "host sync", f"{sync['name']} in {host.around(sync.get('tid'), end - 1e-3)}"
+        if sync.get("tid") == tid:
+            source = f"{sync['name']} in {host.around(tid, end - 1e-3)}"
+            return "host sync", source, (tid, (max(end, gap_start), launched_at))
         i -= 1
-    return "host launch", host.around(launch.get("tid"), launched_at)
+    return "host launch", host.around(tid, launched_at), (tid, (gap_start, launched_at))
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ the gap; sources name the host ops around the sync or the launch, on the launchi
 
 import pytest
 
-from benchmarks.idle_gaps import idle_gaps
+from benchmarks.idle_gaps import code_frame, idle_gaps
 
 
 def kernel(name: str, ts: float, dur: float, correlation: int | None) -> dict:
@@ -84,6 +84,39 @@ def test_threshold_and_overlapping_kernels():
         kernel("d_twin", 140, 20, correlation=5),  # same times on another stream
     ]
     assert idle_gaps(overlapping)["gaps"] == 0
+
+
+def frame(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+SITE = "/tmp/site/whl2/"
+FRAMES = [
+    frame(SITE + "megatron/core/transformer/moe/moe_layer.py(250): forward", 0, 1000),
+    # the host sync gap: the host ran from the sync's return (the gap's start, 100) to the launch
+    # (170); halfway, at 135, rlinf's metrics read is the innermost project frame (torch's is not)
+    frame("/work/rlinf/workers/actor/policy_update.py(201): run_policy_update", 100, 66),
+    frame("/usr/lib/python3/site-packages/torch/nn/modules/module.py(1750): _call_impl", 120, 40),
+    # the host launch gap 450..510 (launch at 500): at 475, TE's grouped linear on thread 1
+    frame(SITE + "transformer_engine/pytorch/module/grouped_linear.py(88): forward", 460, 45),
+    frame("/work/rlinf/models/megatron/logprobs.py(10): other_thread", 470, 10, tid=2),
+]
+
+
+def test_host_code_names_the_project_frame_the_host_ran_while_the_gpu_waited():
+    s = idle_gaps(EVENTS + FRAMES, min_gap_us=5)
+    assert s["host_code"] == [
+        {"code": "rlinf/workers/actor/policy_update.py(201): run_policy_update", "ms": 0.1, "gaps": 1},
+        {"code": "transformer_engine/pytorch/module/grouped_linear.py(88): forward", "ms": 0.06, "gaps": 1},
+    ]  # the dependency and the unlinked gap are not the host's
+    assert "host_code" not in idle_gaps(EVENTS)  # a trace without Python stacks
+
+
+def test_frames_are_named_from_their_package_on():
+    assert code_frame(SITE + "megatron/core/x.py(1): f") == "megatron/core/x.py(1): f"
+    assert code_frame("rlinf/a.py(2): g") == "rlinf/a.py(2): g"
+    assert code_frame("/opt/notrlinf/a.py(3): h") is None  # a package name only after a slash
+    assert code_frame("ray/_private/worker.py(4): get") is None
 
 
 def test_no_kernels_is_an_error():
