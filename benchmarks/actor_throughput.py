@@ -228,8 +228,9 @@ def measure(
 def optimizer_step_seconds(actor, data: RolloutBatch, step: int) -> float:
     """Wall seconds of the optimizer phase in one more train call (one optimizer step a call: the
     benchmark's global batch is its rows): from the grad norm, with the backward's work finished,
-    to the step's last kernel (nan when the call skipped its step). The recipe steps its optimizer once per global batch, not once per
-    benchmark call, so the rank prediction counts this phase apart (benchmarks/rank_prediction.py)."""
+    to the step's last kernel (nan when the call skipped its step). The recipe steps its optimizer
+    once per global batch, not once per benchmark call, so the rank prediction counts this phase
+    apart (benchmarks/rank_prediction.py)."""
     marks: list[float] = []
     clip, step_optimizer = actor.clip_grad_norm, actor.optimizer_step
 
