@@ -82,21 +82,22 @@ def collectives_per_micro_batch(hf: dict, tokens: int, tp: int, ep: int) -> dict
     return {"bytes": BF16 * width, "count": count}
 
 
+def _data_parallel_size(cfg) -> int:
+    from rlinf.config.validate import actor_data_parallel_size
+
+    return max(actor_data_parallel_size(cfg), 1)
+
+
 def sequences_per_step(cfg) -> int:
     """Sequences one rank trains (and recomputes logprobs for) per GRPO step of recipe `cfg`:
     rollout_batch_size x group_size over the data-parallel ranks."""
-    from rlinf.config.validate import actor_data_parallel_size
-
-    dp = max(actor_data_parallel_size(cfg), 1)
-    return -(-cfg.data.rollout_batch_size * cfg.algorithm.group_size // dp)
+    return -(-cfg.data.rollout_batch_size * cfg.algorithm.group_size // _data_parallel_size(cfg))
 
 
 def optimizer_sequences_per_step(cfg) -> int:
     """Sequences one rank trains per optimizer step: actor.global_batch_size over the data-parallel
     ranks."""
-    from rlinf.config.validate import actor_data_parallel_size
-
-    return max(cfg.actor.global_batch_size // max(actor_data_parallel_size(cfg), 1), 1)
+    return max(cfg.actor.global_batch_size // _data_parallel_size(cfg), 1)
 
 
 def predict_actor_step(
@@ -124,19 +125,19 @@ def predict_actor_step(
     tokens_per_sequence = tokens_per_micro_batch / sequences_per_micro_batch
     logprob_rows = logprob_sequences_per_micro_batch or sequences_per_micro_batch
 
-    def forward_comm_s(rows: int) -> float:
-        comm = collectives_per_micro_batch(
+    def forward_comm(rows: int) -> dict:
+        return collectives_per_micro_batch(
             hf, round(rows * tokens_per_sequence), m.tensor_model_parallel_size, m.expert_model_parallel_size
         )
+
+    def seconds(comm: dict) -> float:
         return comm["bytes"] / (link.gbps * 1e9) + comm["count"] * link.latency_us * 1e-6
 
     micro_batches = -(-sequences // sequences_per_micro_batch)
     logprob_forwards = -(-sequences // logprob_rows)
-    comm = collectives_per_micro_batch(
-        hf, tokens_per_micro_batch, m.tensor_model_parallel_size, m.expert_model_parallel_size
-    )
-    train_comm_s = micro_batches * 2 * forward_comm_s(sequences_per_micro_batch)
-    logprob_comm_s = logprob_forwards * forward_comm_s(logprob_rows)
+    comm = forward_comm(sequences_per_micro_batch)
+    train_comm_s = micro_batches * 2 * seconds(comm)
+    logprob_comm_s = logprob_forwards * seconds(forward_comm(logprob_rows))
     optimizer_steps = -(-sequences // optimizer_sequences_per_step(cfg))
     passes_s = train_call_s - optimizer_step_s  # the call's forward / backward passes
     train_s = sequences * passes_s / sequences_per_call + optimizer_steps * optimizer_step_s + train_comm_s
