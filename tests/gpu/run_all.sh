@@ -8,10 +8,9 @@
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, optim (precision-aware optimizer, save /
 #                                      load, once), GRPO steps through the runner with the Megatron
 #                                      actor and the torch rollout   (136 + 171 + 91 s on an H100)
-#   bash tests/gpu/run_all.sh pack     packed sequences (207 s on an H200), then rlinf's grouped-GEMM
+#   bash tests/gpu/run_all.sh pack     packed sequences against padded, then rlinf's grouped-GEMM
 #                                      experts                              (85 s on an H100)
-#   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager, then the slice
-#                                      benchmark: HF, eager, graphed (needs TE; 253 s on an H100)
+#   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager (needs TE)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
 #                                      the runner's memory order             (87 s on an H100)
 #   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
@@ -23,6 +22,10 @@
 #   bash tests/gpu/run_all.sh replay   the routing-replay step (249 s on a warm H100)
 #   bash tests/gpu/run_all.sh SUITE    one suite of a part (the names in SUITES below)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
+#
+#   Checks only: the benchmarks that run_megatron_checks.sh runs after its actor, pack and graphs
+#   checks (logprob kernels, packed micro-batches, the graphed slice) stay out of run_all
+#   (CHECKS_ONLY=1); docs/benchmarks.md gives their own commands.
 #
 #   bash tests/gpu/run_all.sh side-by-side [PART_OR_SUITE...]
 #       On a machine with several GPUs: every suite (or those named) at once, each on a GPU of its
@@ -84,7 +87,8 @@ suite() {
 
 megatron_figures=$tmp/megatron-checks/megatron_figures.jsonl
 sglang_figures=$tmp/sglang-checks/sglang_figures.jsonl
-megatron() { OUT=$tmp/megatron-checks bash $here/run_megatron_checks.sh "$@"; }
+# checks only: the benchmarks that run_megatron_checks.sh runs after some of them are no checks
+megatron() { CHECKS_ONLY=1 OUT=$tmp/megatron-checks bash $here/run_megatron_checks.sh "$@"; }
 sglang() { OUT=$tmp/sglang-checks bash $here/sglang_gpu_checks.sh "$@"; }
 
 run_suite() {

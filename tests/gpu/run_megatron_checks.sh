@@ -64,6 +64,9 @@
 #          `rank-emulation --megatron-setting cuda_graph_impl=transformer_engine
 #          --megatron-variants "moe_grouped_gemm_impl=torch,moe_grouped_gemm_impl=torch;micro_batch_size=4"`
 #
+# CHECKS_ONLY=1 (as run_all.sh runs them): actor, pack and graphs run their checks without the
+# benchmarks that follow them; those keep their figures in docs/benchmarks.md through these commands.
+#
 # Figures: JSON lines in $OUT/megatron_figures.jsonl (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -85,6 +88,7 @@ status=0
 # A failing check sets status even inside a pipeline (`run ... | tail`, a subshell): it leaves a mark.
 failed=$tmp/megatron-checks-failed.$$
 run() { echo "== $*"; "$@" || { status=1; touch "$failed"; }; }
+benchmarks_too() { [ "${CHECKS_ONLY:-0}" != 1 ]; }
 slice=$RLINF_GPU_TEST_DIR/moonlight-slice-4l
 grouped_experts_tests() {  # SECONDS: tests/gpu/test_megatron_grouped_experts.py within that time
   run timeout "$1" "${PYTEST[@]}" tests/gpu/test_megatron_grouped_experts.py 2>&1 | grep -v "^  \|^$" | tail -n 40
@@ -101,7 +105,7 @@ case "$mode" in
            -k "(gpu_tiny and fp32) or export and gpu_tiny or torch_actor" 2>&1 | tail -n 60 ;;
   actor|all) run timeout "${ACTOR_TIMEOUT:-420}" "${PYTEST[@]}" tests/gpu/test_megatron_actor.py tests/gpu/test_fused_logprobs_gpu.py \
     "${@:2}" 2>&1 | grep -v "^  \|^$" | tail -n 40
-    run timeout 180 python3 -m benchmarks.logprob_kernels | tee -a "$RLINF_GPU_FIGURES" ;;&
+    benchmarks_too && run timeout 180 python3 -m benchmarks.logprob_kernels | tee -a "$RLINF_GPU_FIGURES" ;;&
   te-free-spec) run env RLINF_MEGATRON_TE=off timeout 120 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k spec 2>&1 | tail -n 20 ;;
   grpo|all) run timeout 300 "${PYTEST[@]}" tests/gpu/test_megatron_grpo.py 2>&1 | tail -n 40 ;;&
   bench|all) bench --profile $tmp/actor-profile "${@:2}" ;;
@@ -125,16 +129,20 @@ case "$mode" in
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k "save_load or fresh_actor" 2>&1 | grep -v "^  \|^$" | tail -n 40 ;;
   pack)
     run timeout 150 "${PYTEST[@]}" tests/gpu/test_megatron_actor.py -k packed 2>&1 | grep -v "^  \|^$" | tail -n 20
-    [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
-    for backend in megatron torch; do
-      run timeout 200 python3 -m benchmarks.packed_micro_batches --model "$slice" --backend $backend --precision bf16 \
-        --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
-    done ;;
+    if benchmarks_too; then
+      [ -f "$slice/slice_build.json" ] || python3 -m rlinf.models.slice --out "$slice" --layers 4 --device cuda
+      for backend in megatron torch; do
+        run timeout 200 python3 -m benchmarks.packed_micro_batches --model "$slice" --backend $backend --precision bf16 \
+          --rows 64 --prompt 256 --response 768 --budget 16384 | tee -a "$RLINF_GPU_FIGURES"
+      done
+    fi ;;
   graphs)
     python3 -c "import transformer_engine.pytorch" || { echo "graphs needs Transformer Engine (.wte)" >&2; exit 1; }
     run timeout "${GRAPHS_TIMEOUT:-300}" "${PYTEST[@]}" tests/gpu/test_megatron_cuda_graphs.py 2>&1 | grep -v "^  \|^$" | tail -n 40
-    BENCH_TIMEOUT=${BENCH_TIMEOUT:-360} bench --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine \
-      --profile $tmp/actor-profile-graphs "${@:2}" ;;
+    if benchmarks_too; then
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-360} bench --backends torch,megatron --megatron-variants cuda_graph_impl=transformer_engine \
+        --profile $tmp/actor-profile-graphs "${@:2}"
+    fi ;;
   graph-replays)
     python3 -c "import transformer_engine.pytorch" || { echo "graph-replays needs Transformer Engine (.wte)" >&2; exit 1; }
     variants=("${@:2}")

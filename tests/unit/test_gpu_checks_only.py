@@ -1,0 +1,70 @@
+"""run_all.sh runs the Megatron modes' checks without the benchmarks those modes run after them
+(CHECKS_ONLY=1); run_megatron_checks.sh alone still runs both. The real scripts, with a stand-in
+python3 that logs each command it is given (no GPU here) and hands run_all_summary.py to Python."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).parents[1] / "gpu"
+BENCHMARKS = {
+    "actor": "benchmarks.logprob_kernels",
+    "pack": "benchmarks.packed_micro_batches",
+    "graphs": "benchmarks.actor_throughput",
+}
+
+STAND_IN = f"""#!/usr/bin/env bash
+case "$1" in
+  *run_all_summary.py) exec {sys.executable} "$@" ;;
+esac
+echo "$*" >> "$LEDGER"
+echo "1 passed in 0.10s"
+"""
+
+
+def _repo(root: Path) -> dict[str, str]:
+    (root / "tests/gpu").mkdir(parents=True)
+    for name in ("run_all.sh", "run_all_summary.py", "provision.sh", "run_megatron_checks.sh"):
+        shutil.copy(GPU_DIR / name, root / "tests/gpu" / name)
+    (root / "bin").mkdir()
+    python = root / "bin/python3"
+    python.write_text(STAND_IN)
+    python.chmod(0o755)
+    (root / "tmp").mkdir()
+    return {
+        "PATH": f"{root / 'bin'}:/usr/bin:/bin",
+        "LEDGER": str(root / "ledger"),
+        "TMPDIR": str(root / "tmp"),
+        "OUT": str(root / "out"),
+        "HOME": str(root),
+    }
+
+
+def _commands(root: Path, env: dict[str, str], script: str, mode: str) -> str:
+    ledger = root / "ledger"
+    ledger.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", str(root / "tests/gpu" / script), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return ledger.read_text()
+
+
+@pytest.mark.parametrize("mode", sorted(BENCHMARKS))
+def test_run_all_runs_the_checks_without_the_benchmarks(tmp_path, mode):
+    env = _repo(tmp_path)
+    alone = _commands(tmp_path, env, "run_megatron_checks.sh", mode)
+    assert "-m pytest" in alone and BENCHMARKS[mode] in alone  # the mode by itself: both
+    suite = {"actor": "megatron-actor", "pack": "pack", "graphs": "cuda-graphs"}[mode]
+    in_run_all = _commands(tmp_path, env, "run_all.sh", suite)
+    assert "-m pytest" in in_run_all
+    assert "benchmarks." not in in_run_all
