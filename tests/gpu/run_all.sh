@@ -69,8 +69,9 @@ declare -A PART_SUITES=([engine]="engine" [actor]="megatron-actor optim megatron
 # Longest first, for side-by-side's queue
 BY_LENGTH="step routing-replay-step loop hf-export sync optim megatron-actor engine cuda-graphs pack grouped-experts megatron-grpo"
 # The suites that may share a GPU (SUITES_PER_GPU > 1): SGLang sizes its KV cache from the memory
-# free when it starts, and pack times its benchmarks, so those run alone on theirs.
-SHARES_A_GPU="megatron-actor optim megatron-grpo grouped-experts"
+# free when it starts, and the CUDA graphs' check is about timing between host and GPU, so those
+# run alone on theirs.
+SHARES_A_GPU="megatron-actor optim megatron-grpo pack grouped-experts"
 
 # suite NAME FIGURES_FILE COMMAND...: run it, keep its log under $OUT, add its record to the summary
 suite() {

@@ -119,15 +119,15 @@ def test_a_suite_runs_alone_by_name_and_an_unknown_part_is_refused(tmp_path):
 
 def test_suites_per_gpu_shares_one_gpu_among_the_suites_that_can_and_refuses_the_others(tmp_path):
     env = _fake_repo(tmp_path, gpus=1)
-    done = _run(tmp_path, {**env, "SUITES_PER_GPU": "2"}, "side-by-side", "actor", "grouped-experts")
+    done = _run(tmp_path, {**env, "SUITES_PER_GPU": "2"}, "side-by-side", "actor", "pack")
     assert done.returncode == 0, done.stdout + done.stderr
     whole = json.loads((tmp_path / "out/run_all_summary.json").read_text())
-    shared = ["megatron-actor", "optim", "megatron-grpo", "grouped-experts"]
+    shared = ["megatron-actor", "optim", "megatron-grpo", "pack", "grouped-experts"]
     assert [s["suite"] for s in whole["suites"]] == shared and whole["not_green"] == []
     assert _most_at_once(tmp_path / "ledger", "0") == 2  # two at a time on GPU 0, never three
     for refused_part, per_gpu, why in (
         ("engine", "2", "engine cannot share a GPU (SUITES_PER_GPU=2)"),
-        ("pack", "3", "pack cannot share a GPU (SUITES_PER_GPU=3)"),
+        ("graphs", "3", "cuda-graphs cannot share a GPU (SUITES_PER_GPU=3)"),
         ("optim", "0", "SUITES_PER_GPU=0 is not a whole number >= 1"),
     ):
         refused = _run(tmp_path, {**env, "SUITES_PER_GPU": per_gpu}, "side-by-side", refused_part)
