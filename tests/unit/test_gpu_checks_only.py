@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 GPU_DIR = Path(__file__).parents[1] / "gpu"
-BENCHMARKS = {
-    "actor": "benchmarks.logprob_kernels",
-    "pack": "benchmarks.packed_micro_batches",
-    "graphs": "benchmarks.actor_throughput",
+# run_megatron_checks.sh mode: (its run_all suite, the benchmark the mode runs after its checks)
+MODES = {
+    "actor": ("megatron-actor", "benchmarks.logprob_kernels"),
+    "pack": ("pack", "benchmarks.packed_micro_batches"),
+    "graphs": ("cuda-graphs", "benchmarks.actor_throughput"),
 }
 
 STAND_IN = f"""#!/usr/bin/env bash
@@ -59,12 +60,12 @@ def _commands(root: Path, env: dict[str, str], script: str, mode: str) -> str:
     return ledger.read_text()
 
 
-@pytest.mark.parametrize("mode", sorted(BENCHMARKS))
+@pytest.mark.parametrize("mode", sorted(MODES))
 def test_run_all_runs_the_checks_without_the_benchmarks(tmp_path, mode):
+    suite, benchmark = MODES[mode]
     env = _repo(tmp_path)
     alone = _commands(tmp_path, env, "run_megatron_checks.sh", mode)
-    assert "-m pytest" in alone and BENCHMARKS[mode] in alone  # the mode by itself: both
-    suite = {"actor": "megatron-actor", "pack": "pack", "graphs": "cuda-graphs"}[mode]
+    assert "-m pytest" in alone and benchmark in alone  # the mode by itself: both
     in_run_all = _commands(tmp_path, env, "run_all.sh", suite)
     assert "-m pytest" in in_run_all
     assert "benchmarks." not in in_run_all
