@@ -5,11 +5,62 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+DRAIN_SECONDS = 20  # after SIGTERM, the run's own drain and shutdown (Ray, the engine) before SIGKILL
+
+
+def _run_log(tmp_path: Path) -> Path:
+    """Where the run's output goes as it is written: next to the figures when a lent GPU's $OUT brings
+    them back, so a run that hangs or times out still leaves its log."""
+    figures = os.environ.get("RLINF_GPU_FIGURES")
+    return Path(figures).parent / f"{tmp_path.name}.log" if figures else tmp_path / "run.log"
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # pytest ends the session; _run's finally stops the run
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (the run drains and shuts Ray and the engine down), then
+    SIGKILL to whatever is left of it."""
+    os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=DRAIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def _run(cmd: list[str], log: Path, timeout: int) -> int:
+    """The run's exit status. The run has a process group of its own; when it outlives `timeout`, or
+    pytest is told to stop (an outer `timeout`'s SIGTERM), that group is stopped, so no Ray or engine
+    process keeps the GPU from the next test, and the test fails with the log's tail."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        child = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        previous = signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            return child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if child.returncode is None:
+                _stop(child)
+    pytest.fail(f"the run did not end within {timeout} s; the end of {log}:\n{log.read_text()[-5000:]}")
 
 
 def run_tiny_grpo(
@@ -39,13 +90,10 @@ def run_tiny_grpo(
         *common,
         *overrides,
     ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    figures = os.environ.get("RLINF_GPU_FIGURES")
-    if figures:  # the whole log next to the figures: a lent GPU's $OUT brings it back
-        log = Path(figures).parent / f"{tmp_path.name}.log"
-        log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
-    tail = (done.stdout + done.stderr)[-5000:]
-    assert done.returncode == 0, tail
+    log = _run_log(tmp_path)
+    returncode = _run(cmd, log, timeout)
+    tail = log.read_text()[-5000:]
+    assert returncode == 0, tail
     rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     step_rows = [r for r in rows if r.get("step", 0) >= 1 and step_key in r]
     assert len(step_rows) == steps, tail

@@ -4,22 +4,24 @@
 # `all` for all of them in one go:
 #
 #   bash tests/gpu/run_all.sh engine   SGLang engine: signatures, hooks, GPU-tiny logprobs / weight
-#                                      pushes / memory, slice logprobs      (201 s on an H100)
+#                                      pushes / memory, slice logprobs      (194 s on an H100)
 #   bash tests/gpu/run_all.sh actor    Megatron actor checks, optim (precision-aware optimizer, save /
 #                                      load, once), GRPO steps through the runner with the Megatron
-#                                      actor and the torch rollout   (136 + 171 + 91 s on an H100)
+#                                      actor and the torch rollout   (124 + 156 + 99 s on an H100)
 #   bash tests/gpu/run_all.sh pack     packed sequences against padded, then rlinf's grouped-GEMM
-#                                      experts                              (85 s on an H100)
-#   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager (needs TE)
+#                                      experts                        (48 + 110 s on an H100)
+#   bash tests/gpu/run_all.sh graphs   the Megatron actor's CUDA graphs against eager (needs TE;
+#                                      123 s on an H100)
 #   bash tests/gpu/run_all.sh sync     a Megatron actor and SGLang without Ray: the IPC weight sync in
-#                                      the runner's memory order             (87 s on an H100)
+#                                      the runner's memory order             (82 s on an H100)
 #   bash tests/gpu/run_all.sh export   a 3-step Megatron slice run exported by rlinf.export_hf and
-#                                      served by SGLang                     (289 s on an H100)
+#                                      served by SGLang                     (248 s on an H100)
 #   bash tests/gpu/run_all.sh loop     the GRPO loop colocated with SGLang: torch, Megatron, Megatron
-#                                      offloaded between phases              (not yet timed; <= 560 s)
-#   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice (about 260 s on a fresh
-#                                      machine: startup 216 s, then 11.9 s a step)
-#   bash tests/gpu/run_all.sh replay   the routing-replay step (249 s on a warm H100)
+#                                      offloaded between phases  (<= 560 s; a fresh machine first
+#                                      builds GPU-tiny's warm start, about 110 s of it)
+#   bash tests/gpu/run_all.sh step     the 3-step colocated step on the slice (388 s on a fresh H100:
+#                                      startup 216 s, then 9.6 s a step)
+#   bash tests/gpu/run_all.sh replay   the routing-replay step (214 s on a warm H100)
 #   bash tests/gpu/run_all.sh SUITE    one suite of a part (the names in SUITES below)
 #   bash tests/gpu/run_all.sh summary  the JSON summary of every part run on this machine so far
 #
@@ -35,19 +37,21 @@
 #       ran is not green; the suites not named are listed as missing). With few GPUs, name parts
 #       that fit one command (e.g. 2 GPUs: `side-by-side engine actor`, then `pack sync`, ...).
 #       SUITES_PER_GPU=N lets N suites share a GPU, for the suites that size nothing from the GPU's
-#       free memory and time nothing ($SHARES_A_GPU): on one H200 (on an 80 GB card four run out of memory),
-#       `SUITES_PER_GPU=4 bash tests/gpu/run_all.sh side-by-side actor grouped-experts`.
+#       free memory and time nothing ($SHARES_A_GPU): on one H200,
+#       `SUITES_PER_GPU=4 bash tests/gpu/run_all.sh side-by-side actor grouped-experts` (on an 80 GB
+#       card even two run out of memory).
 #
 # Machines provisioned from wheel folders instead (tests/gpu/README.md): `te` installs .wte
 # (Transformer Engine), `install` the other folders present (.whl: SGLang; .whl2 or .wray + .wmeg:
 # Ray, Megatron), each in a call of its own (`engine` installs .whl itself, the others .whl2), back
-# to back on one warm machine: te, engine, actor, pack, graphs, sync, export, loop, step, replay; or te, install (.whl),
-# install (.whl2), side-by-side.
+# to back on one warm machine: te, engine, actor, pack, graphs, sync, export, loop, step, replay;
+# or te, install (.whl), install (.whl2), side-by-side.
 #
 # Each part appends one record per suite to $SUMMARY (default /tmp/rlinf-gpu-run-all.jsonl: suite,
 # passed, failed, skipped, errors, seconds and the figures the suite recorded) and writes the whole
-# summary so far to $OUT/run_all_summary.json. Exit status: non-zero when any suite so far failed,
-# skipped a test or ended early. Each record carries the fingerprint of the code the GPU runs
+# summary so far to $OUT/run_all_summary.json; a suite that fails also brings back the logs it wrote
+# (each end-to-end run's, pytest's) under $OUT/SUITE-logs. Exit status: non-zero when any suite so
+# far failed, skipped a test or ended early. Each record carries the fingerprint of the code the GPU runs
 # (`python3 tests/gpu/run_all_summary.py code`: rlinf/, benchmarks/, examples/, tests/gpu/), so parts
 # run on several machines add up to one run of one commit:
 #
@@ -79,10 +83,16 @@ suite() {
   shift 2
   first=$(cat "$figures" 2>/dev/null | wc -l)
   start=$SECONDS
+  mkdir -p "$(dirname "$figures")" && touch "$tmp/.run_all-$name.start"
   echo "== run_all: $name: $*"
   "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   tail -n 15 "$OUT/$name.log"
+  if [ "$rc" != 0 ]; then  # the failed suite's own logs (each run's, pytest's) come back with $OUT
+    mkdir -p "$OUT/$name-logs"
+    find "$(dirname "$figures")" -maxdepth 1 -name '*.log' -newer "$tmp/.run_all-$name.start" \
+      -exec cp -t "$OUT/$name-logs" {} +
+  fi
   python3 $here/run_all_summary.py add "$SUMMARY" "$name" "$rc" $((SECONDS - start)) "$OUT/$name.log" "$figures" "$first"
 }
 

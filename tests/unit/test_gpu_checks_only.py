@@ -4,6 +4,7 @@ python3 that logs each command it is given (no GPU here) and hands run_all_summa
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -69,3 +70,33 @@ def test_run_all_runs_the_checks_without_the_benchmarks(tmp_path, mode):
     in_run_all = _commands(tmp_path, env, "run_all.sh", suite)
     assert "-m pytest" in in_run_all
     assert "benchmarks." not in in_run_all
+
+
+FAILS = """#!/usr/bin/env bash
+case "$1" in
+  *run_all_summary.py) exec {python} "$@" ;;
+esac
+echo "the run's own log" > "$OUT/run-of-this-suite.log"
+echo "1 failed in 0.10s"
+exit 1
+"""
+
+
+def test_a_failed_suite_brings_back_its_own_logs_and_only_them(tmp_path):
+    env = _repo(tmp_path)
+    (tmp_path / "bin/python3").write_text(FAILS.format(python=sys.executable))
+    earlier = tmp_path / "tmp/megatron-checks/an-earlier-suite.log"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("from before")
+    os.utime(earlier, (1, 1))
+    done = subprocess.run(
+        ["bash", str(tmp_path / "tests/gpu/run_all.sh"), "megatron-grpo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    logs = tmp_path / "out/megatron-grpo-logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["run-of-this-suite.log"]
+    assert (logs / "run-of-this-suite.log").read_text() == "the run's own log\n"
