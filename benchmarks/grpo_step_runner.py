@@ -92,7 +92,16 @@ def summarize(rows: list[dict[str, Any]], num_gpus: int = 1) -> dict[str, Any]:
     memory = {
         k.removeprefix("memory/"): round(mean(k), 2) for k in sorted(timed[-1]) if k.startswith("memory/")
     }
+    # the start-up before step 1, as the run logged it at step 0: Ray, then each role's workers
+    startup = {
+        key.removeprefix("time/startup_"): round(float(value), 1)
+        for row in rows
+        if row.get("step") == 0
+        for key, value in row.items()
+        if key.startswith("time/startup_")
+    }
     return {
+        "startup_split_seconds": startup,
         "steps_timed": len(timed),
         "step_seconds": round(step, 3),
         "response_tokens": round(tokens),

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -183,7 +184,7 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
     from rlinf.runners.grpo_runner import GRPORunner
     from rlinf.scheduler.cluster import cluster_address, init_ray, shutdown_ray
     from rlinf.scheduler.mps import cuda_mps_daemon
-    from rlinf.scheduler.roles import launch_roles
+    from rlinf.scheduler.roles import launch_roles, startup_line, startup_metrics
     from rlinf.scheduler.worker_group import WorkerError
     from rlinf.utils.checkpoint import CheckpointSaveError
     from rlinf.utils.metrics import MetricLogger
@@ -206,12 +207,16 @@ def _train(cfg, train_set, val_set, data_counters, point) -> int:
                 "with a running cluster (RAY_ADDRESS / ray_utils/ray_head_ip.txt) start one on each node instead"
             )
         mps.enter_context(cuda_mps_daemon(cfg.cluster.cuda_mps))
+        started = time.perf_counter()
         init_ray(total_gpus(cfg))
         stop_on_sigterm()  # Ray's driver replaced our handler with its own stack dump
+        ray_seconds = time.perf_counter() - started
         roles = launch_roles(cfg)
+        startup = startup_metrics(ray_seconds, roles)
+        logger.info(startup_line(startup))
         runner = GRPORunner(cfg, roles, train_set, val_set, metrics)
         if point is None:  # a resumed run's history already has them
-            metrics.log(data_counters, step=0)
+            metrics.log(data_counters | startup, step=0)
         last = runner.run()
     except WorkerError as err:
         print(describe_failure(err, last_good(err)), file=sys.stderr)

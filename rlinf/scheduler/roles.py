@@ -11,7 +11,8 @@ The actor group is `distributed` (one torch.distributed process group); rollout 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from rlinf.config.schema import Config
 from rlinf.config.validate import placement_of, total_gpus
@@ -29,6 +30,8 @@ class Roles:
     rollout: RolloutGroup
     reward: RewardGroup
     colocated: bool  # actor and rollout share GPUs (never true on a CPU-only placement)
+    # Seconds each role's group took to start (constructors included: weights loaded, engine up)
+    startup_seconds: dict[str, float] = field(default_factory=dict)
 
     def shutdown(self) -> None:
         # The grading pool's and the engines' own processes stop first (an SGLang engine's
@@ -44,6 +47,22 @@ class Roles:
             pass
         for group in (self.reward, self.rollout, self.actor):
             group.kill()
+
+
+def startup_metrics(ray_seconds: float, roles: Roles) -> dict[str, float]:
+    """Where the run's start-up went, logged at step 0: Ray, then each role's group in turn."""
+    seconds = roles.startup_seconds
+    return {
+        "time/startup_ray": ray_seconds,
+        "time/startup_actor": seconds["actor"],
+        "time/startup_rollout": seconds["rollout"],
+        "time/startup_reward": seconds["reward"],
+    }
+
+
+def startup_line(startup: dict[str, float]) -> str:
+    parts = ", ".join(f"{name.removeprefix('time/startup_')} {value:.1f}" for name, value in startup.items())
+    return f"start-up {sum(startup.values()):.1f} s: {parts}"
 
 
 def group_sizes(cfg: Config) -> dict[str, int]:
@@ -93,17 +112,28 @@ def launch_roles(cfg: Config) -> Roles:
             env=env,
         )
 
+    startup: dict[str, float] = {}
+
+    def timed(role: str, start):
+        started = time.perf_counter()
+        group = start()
+        startup[role] = time.perf_counter() - started
+        return group
+
     # An fp32 actor's processes start with exact fp32 GEMMs (Transformer Engine asks for TF32)
     actor_env = exact_fp32_env(cfg.actor.model.precision)
-    actor = gpu_group("actor", ACTOR_BACKENDS[cfg.actor.training_backend], 1, distributed=True, env=actor_env)
+    actor_target = ACTOR_BACKENDS[cfg.actor.training_backend]
+    actor = timed("actor", lambda: gpu_group("actor", actor_target, 1, distributed=True, env=actor_env))
     rollout_tp = cfg.rollout.tensor_parallel_size if cfg.rollout.rollout_backend == "sglang" else 1
-    rollout = gpu_group("rollout", ROLLOUT_BACKENDS[cfg.rollout.rollout_backend], rollout_tp)
-    reward = WorkerGroup("reward", REWARD_WORKER, (cfg,), num_workers=1)
+    rollout_target = ROLLOUT_BACKENDS[cfg.rollout.rollout_backend]
+    rollout = timed("rollout", lambda: gpu_group("rollout", rollout_target, rollout_tp))
+    reward = timed("reward", lambda: WorkerGroup("reward", REWARD_WORKER, (cfg,), num_workers=1))
     return Roles(
         actor=ActorGroup(actor),
         rollout=RolloutGroup(rollout),
         reward=RewardGroup(reward),
         colocated=colocated,
+        startup_seconds=startup,
     )
 
 

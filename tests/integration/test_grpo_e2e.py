@@ -71,6 +71,10 @@ def test_three_grpo_steps_write_metrics_plot_and_checkpoint(random_tiny_checkpoi
         8,
         0,
     )
+    # where the start-up went, once, at step 0: Ray and each role's workers
+    startup = ("time/startup_ray", "time/startup_actor", "time/startup_rollout", "time/startup_reward")
+    assert data["step"] == 0 and all(data[key] > 0 for key in startup)
+    assert [r["step"] for r in rows if "time/startup_actor" in r] == [0]
     for step, m in steps.items():
         assert m["rollout/num_responses"] == 4 * 4, step  # rollout_batch_size x group_size
         assert m["actor/skipped_steps"] == 0 and m["actor/early_stopped_minibatches"] == 0, step

@@ -26,11 +26,13 @@ def row(step, step_s, rollout, train, release, kv, tokens, memory):
 def test_summary_drops_the_warm_up_step_and_groups_the_transitions():
     rows = [
         {"step": 0, "val/accuracy": 0.1},  # validation row: no time/step
+        {"step": 0, "data/train_prompts": 64, "time/startup_ray": 3.04, "time/startup_actor": 61.26},
         row(1, 100.0, 90.0, 5.0, 1.0, 1.0, 1000, 50.0),  # warm-up: engine compiles
         row(2, 10.0, 4.0, 2.0, 0.5, 0.25, 2048, 40.0),
         row(3, 12.0, 6.0, 2.0, 0.5, 0.75, 2048, 42.0),
     ]
     s = summarize(rows, num_gpus=2)
+    assert s["startup_split_seconds"] == {"ray": 3.0, "actor": 61.3}
     assert s["steps_timed"] == 2
     assert s["step_seconds"] == 11.0
     assert s["phase_seconds"]["rollout"] == 5.0
