@@ -53,9 +53,20 @@ def start_recipe(
     return proc
 
 
-def kill_run(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+def kill_run(proc: subprocess.Popen, drain_seconds: float = 0.0) -> None:
+    """Stops a run `start_recipe` started, with its whole process group (Ray workers, engines): with
+    `drain_seconds`, a SIGTERM first (the run drains and shuts its workers down) and that long to
+    end; then SIGKILL to whatever is left of the group, the driver or a worker that outlived it."""
+    if drain_seconds and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=drain_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is gone
+        pass
     proc.wait()
 
 

@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks._common import kill_run, start_recipe
+
 DRAIN_SECONDS = 20  # after SIGTERM, the run's own drain and shutdown (Ray, the engine) before SIGKILL
 
 
@@ -24,42 +24,22 @@ def _run_log(tmp_path: Path) -> Path:
 
 
 def _interrupted(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # pytest ends the session; _run's finally stops the run
+    raise KeyboardInterrupt(f"signal {signum}")  # pytest ends the session; _wait's finally stops the run
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """SIGTERM to the run's process group (the run drains and shuts Ray and the engine down), then
-    SIGKILL to whatever is left of it."""
-    os.killpg(child.pid, signal.SIGTERM)
+def _wait(run: subprocess.Popen, log: Path, timeout: int) -> int:
+    """The exit status of `run` (started in a process group of its own). When it outlives `timeout`, or
+    pytest is told to stop (an outer `timeout`'s SIGTERM), the whole group is stopped, so no Ray or
+    engine process keeps the GPU from the next test, and the test fails with the log's tail."""
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
-        child.wait(timeout=DRAIN_SECONDS)
+        return run.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    child.wait()
-
-
-def _run(cmd: list[str], log: Path, timeout: int) -> int:
-    """The run's exit status. The run has a process group of its own; when it outlives `timeout`, or
-    pytest is told to stop (an outer `timeout`'s SIGTERM), that group is stopped, so no Ray or engine
-    process keeps the GPU from the next test, and the test fails with the log's tail."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        child = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        previous = signal.signal(signal.SIGTERM, _interrupted)
-        try:
-            return child.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            if child.returncode is None:
-                _stop(child)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if run.returncode is None:
+            kill_run(run, DRAIN_SECONDS)
     pytest.fail(f"the run did not end within {timeout} s; the end of {log}:\n{log.read_text()[-5000:]}")
 
 
@@ -83,15 +63,9 @@ def run_tiny_grpo(
         f"runner.logger.log_path={log_dir}",
         "runner.logger.plot=false",
     ]
-    cmd = [
-        sys.executable,
-        str(ROOT / "examples/reasoning/main_grpo.py"),
-        "tiny-moe-grpo-cpu",
-        *common,
-        *overrides,
-    ]
     log = _run_log(tmp_path)
-    returncode = _run(cmd, log, timeout)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    returncode = _wait(start_recipe("tiny-moe-grpo-cpu", [*common, *overrides], log, env=env), log, timeout)
     tail = log.read_text()[-5000:]
     assert returncode == 0, tail
     rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
