@@ -3,7 +3,7 @@
 # wheel folders in the checkout instead (tests/gpu/README.md): each one is installed only when present.
 
 # Install the wheel folders among "$@" that exist (e.g. .wray .wmeg), then put every set installed
-# on this machine so far on PYTHONPATH. RLINF_KITS_READY=1 (run_all.sh side-by-side, which installs
+# on this machine so far on PYTHONPATH (and keep its cache under /tmp). RLINF_KITS_READY=1 (run_all.sh side-by-side, which installs
 # them once before its suites start side by side): only the latter.
 use_wheel_folders() {
   local folder
@@ -12,7 +12,12 @@ use_wheel_folders() {
       source "$folder/tools/install.sh" >/dev/null || return 1
     fi
   done
-  if [ -f /tmp/site/env.sh ]; then source /tmp/site/env.sh; fi
+  if [ -f /tmp/site/env.sh ]; then
+    source /tmp/site/env.sh
+    # A machine provisioned this way keeps /tmp between commands but not always $HOME: what the
+    # checks build once (GPU-tiny's warm start) is cached beside the installed kits.
+    export RLINF_CACHE_DIR=${RLINF_CACHE_DIR:-/tmp/rlinf-cache}
+  fi
   return 0
 }
 
