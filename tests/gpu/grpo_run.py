@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks._common import kill_run, start_recipe
 
-DRAIN_SECONDS = 20  # after SIGTERM, the run's own drain and shutdown (Ray, the engine) before SIGKILL
+DRAIN_SECONDS = 10  # after SIGTERM, the run's own drain and shutdown (Ray, the engine) before SIGKILL
 
 
 def _run_log(tmp_path: Path) -> Path:
