@@ -3,8 +3,9 @@
 # wheel folders in the checkout instead (tests/gpu/README.md): each one is installed only when present.
 
 # Install the wheel folders among "$@" that exist (e.g. .wray .wmeg), then put every set installed
-# on this machine so far on PYTHONPATH (and keep its cache under /tmp). RLINF_KITS_READY=1 (run_all.sh side-by-side, which installs
-# them once before its suites start side by side): only the latter.
+# on this machine so far on PYTHONPATH (and keep rlinf's cache under /tmp). RLINF_KITS_READY=1
+# (run_all.sh side-by-side, which installs them once before its suites start side by side): only
+# the latter.
 use_wheel_folders() {
   local folder
   for folder in "$@"; do
