@@ -20,22 +20,23 @@ MODES = {
     "graphs": ("cuda-graphs", "benchmarks.actor_throughput"),
 }
 
-STAND_IN = f"""#!/usr/bin/env bash
+# A stand-in python3: run_all_summary.py goes to Python, every other command runs `body` instead
+STAND_IN = """#!/usr/bin/env bash
 case "$1" in
-  *run_all_summary.py) exec {sys.executable} "$@" ;;
+  *run_all_summary.py) exec {python} "$@" ;;
 esac
-echo "$*" >> "$LEDGER"
-echo "1 passed in 0.10s"
+{body}
 """
+PASSES = 'echo "$*" >> "$LEDGER"\necho "1 passed in 0.10s"'
 
 
-def _repo(root: Path) -> dict[str, str]:
+def _repo(root: Path, body: str = PASSES) -> dict[str, str]:
     (root / "tests/gpu").mkdir(parents=True)
     for name in ("run_all.sh", "run_all_summary.py", "provision.sh", "run_megatron_checks.sh"):
         shutil.copy(GPU_DIR / name, root / "tests/gpu" / name)
     (root / "bin").mkdir()
     python = root / "bin/python3"
-    python.write_text(STAND_IN)
+    python.write_text(STAND_IN.format(python=sys.executable, body=body))
     python.chmod(0o755)
     (root / "tmp").mkdir()
     return {
@@ -47,16 +48,20 @@ def _repo(root: Path) -> dict[str, str]:
     }
 
 
-def _commands(root: Path, env: dict[str, str], script: str, mode: str) -> str:
-    ledger = root / "ledger"
-    ledger.unlink(missing_ok=True)
-    done = subprocess.run(
+def _script(root: Path, env: dict[str, str], script: str, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         ["bash", str(root / "tests/gpu" / script), mode],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def _commands(root: Path, env: dict[str, str], script: str, mode: str) -> str:
+    ledger = root / "ledger"
+    ledger.unlink(missing_ok=True)
+    done = _script(root, env, script, mode)
     assert done.returncode == 0, done.stdout + done.stderr
     return ledger.read_text()
 
@@ -72,31 +77,16 @@ def test_run_all_runs_the_checks_without_the_benchmarks(tmp_path, mode):
     assert "benchmarks." not in in_run_all
 
 
-FAILS = """#!/usr/bin/env bash
-case "$1" in
-  *run_all_summary.py) exec {python} "$@" ;;
-esac
-echo "the run's own log" > "$OUT/run-of-this-suite.log"
-echo "1 failed in 0.10s"
-exit 1
-"""
+FAILS = 'echo "the run\'s own log" > "$OUT/run-of-this-suite.log"\necho "1 failed in 0.10s"\nexit 1'
 
 
 def test_a_failed_suite_brings_back_its_own_logs_and_only_them(tmp_path):
-    env = _repo(tmp_path)
-    (tmp_path / "bin/python3").write_text(FAILS.format(python=sys.executable))
+    env = _repo(tmp_path, FAILS)
     earlier = tmp_path / "tmp/megatron-checks/an-earlier-suite.log"
     earlier.parent.mkdir(parents=True)
     earlier.write_text("from before")
     os.utime(earlier, (1, 1))
-    done = subprocess.run(
-        ["bash", str(tmp_path / "tests/gpu/run_all.sh"), "megatron-grpo"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode != 0
+    assert _script(tmp_path, env, "run_all.sh", "megatron-grpo").returncode != 0
     logs = tmp_path / "out/megatron-grpo-logs"
     assert sorted(p.name for p in logs.iterdir()) == ["run-of-this-suite.log"]
     assert (logs / "run-of-this-suite.log").read_text() == "the run's own log\n"
