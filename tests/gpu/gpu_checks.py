@@ -14,8 +14,10 @@ from rlinf.workers.rollout.sglang_args import parse_outputs, request_seeds, samp
 
 
 def record(name: str, **figures) -> None:
-    """One JSON line on stdout and, when RLINF_GPU_FIGURES names a file, appended to it."""
-    line = json.dumps({"check": name, **figures})
+    """One JSON line on stdout and, when RLINF_GPU_FIGURES names a file, appended to it; it names
+    the GPU the check ran on."""
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    line = json.dumps({"check": name, "gpu": gpu, **figures})
     print(line)
     path = os.environ.get("RLINF_GPU_FIGURES")
     if path:

@@ -36,7 +36,7 @@ def test_grpo_steps_with_the_megatron_actor(megatron_installed, request, tmp_pat
         timeout=270,  # inside the script's 300 s: a slow run still reports its log tail
     )
     record(
-        "GRPO through the runner: megatron actor (bf16) + torch rollout (bf16), one H200",
+        "GRPO through the runner: megatron actor (bf16) + torch rollout (bf16), one GPU",
         steps=len(steps),
         reward_mean=[round(r["rollout/reward_mean"], 3) for r in steps],
         logprob_abs_diff=[round(r["rollout/logprob_abs_diff"], 5) for r in steps],

@@ -56,7 +56,7 @@ def test_grpo_loop_colocated_on_one_gpu(cuda, sglang_installed, tmp_path, actor)
     )
     memory = {k: round(v, 2) for k, v in steps[-1].items() if k.startswith("memory/")}
     record(
-        f"GRPO loop colocated on one H200 (SGLang rollout + {actor} actor)",
+        f"GRPO loop colocated on one GPU (SGLang rollout + {actor} actor)",
         steps=len(steps),
         reward_mean=[round(r["rollout/reward_mean"], 3) for r in steps],
         logprob_abs_diff=[round(r["rollout/logprob_abs_diff"], 5) for r in steps],
