@@ -26,16 +26,21 @@ What RL needs that the DeepSeek-V3 bridge sets differently (megatron-bridge 0.6.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf.config.megatron_graphs import cuda_graph_problems, cuda_graph_provider
 from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
+from rlinf.config.typed import ConfigError
 
 MASTER_DTYPES = ("fp32", "fp16")  # megatron-core / TE FusedAdam accept only these master params
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 TE_FREE_MOMENT_DTYPES = ("fp32", "bf16")  # rlinf's CompactAdamW (rlinf.models.megatron.compact_adamw)
 GRAD_DTYPES = ("fp32", "bf16")
+# Fraction bits of the low-precision moment formats TE's FusedAdam stores (its FP8 is E4M3).
+MOMENT_FRACTION_BITS = {"fp16": 10, "bf16": 7, "fp8": 3}
 TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}
 RECOMPUTE_GRANULARITIES = (None, "selective", "full")
 SELECTIVE_RECOMPUTE_MODULES = (
@@ -49,8 +54,9 @@ SELECTIVE_RECOMPUTE_MODULES = (
 )
 
 
-class MegatronSettingsError(ValueError):
-    """A recipe asks for a Megatron setting that cannot work; the message names the key."""
+class MegatronSettingsError(ConfigError):
+    """A recipe asks for a Megatron setting that cannot work; the message names the key. Raised on
+    the actor's workers too (what Transformer Engine's presence decides): a config error there."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,58 @@ def te_free_optimizer_problems(optim: OptimConfig) -> list[str]:
             problems.append(
                 f"actor.optim.{key}: {value} moments need Transformer Engine's FusedAdam, which is not "
                 f"installed; without it: one of {', '.join(TE_FREE_MOMENT_DTYPES)} (rlinf's CompactAdamW)"
+            )
+    return problems
+
+
+def _as_fp32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _round_to_fraction_bits(x: float, bits: int) -> float:
+    """Positive `x` rounded to nearest, ties to even, with `bits` fraction bits (a cast to the format)."""
+    mantissa, exponent = math.frexp(x)  # 0.5 <= mantissa < 1
+    scale = 2.0 ** (bits + 1)
+    return math.ldexp(round(mantissa * scale) / scale, exponent)
+
+
+def decay_rounds_away(dtype: str, beta: float) -> bool:
+    """Whether `beta x moment`, computed in fp32 and stored in `dtype` rounded to nearest (as TE's
+    FusedAdam does), gives back the moment itself for some value: a binade's every significand tried."""
+    bits = MOMENT_FRACTION_BITS.get(dtype)
+    if bits is None:
+        return False
+    beta32 = _as_fp32(beta)
+    significands = (1.0 + k * 2.0**-bits for k in range(2**bits))
+    return any(_round_to_fraction_bits(_as_fp32(beta32 * m), bits) == m for m in significands)
+
+
+def decaying_beta_bound(dtype: str) -> float:
+    """A beta every value of `dtype` decays at: its decay, (1 - beta) of the value, is then at least
+    half the format's spacing (2^-(p+1) of the value for p fraction bits), or crosses into the finer
+    binade below."""
+    return 1.0 - 2.0 ** -(MOMENT_FRACTION_BITS[dtype] + 1)
+
+
+def rounded_moment_problems(optim: OptimConfig) -> list[str]:
+    """Transformer Engine's FusedAdam (the precision-aware optimizer with TE) stores a low-precision
+    moment rounded to nearest. Where the moment's per-step decay is finer than the format's spacing,
+    `beta x moment` rounds back to the moment: it stops decaying and only grows, on the gradients
+    large enough to move it. With bf16 and beta2 = 0.999 (a 1e-3 decay against half-spacings of 2-4e-3)
+    the second moment never decays and the effective learning rate falls over training. Without TE,
+    rlinf's CompactAdamW rounds stochastically, which keeps the decay in expectation."""
+    if not optim.use_precision_aware_optimizer:
+        return []
+    problems = []
+    for key, beta_key in (("exp_avg_dtype", "adam_beta1"), ("exp_avg_sq_dtype", "adam_beta2")):
+        dtype, beta = getattr(optim, key), getattr(optim, beta_key)
+        if decay_rounds_away(dtype, beta):
+            problems.append(
+                f"actor.optim.{key}: {dtype} with {beta_key} {beta}: Transformer Engine's FusedAdam "
+                f"stores this moment rounded to nearest {dtype}, whose spacing is coarser than its "
+                f"per-step decay (1 - {beta_key} = {1 - beta:.3g}), so the moment stops decaying and "
+                f"the effective learning rate falls over training; use {key}: fp32, or "
+                f"{beta_key} <= {decaying_beta_bound(dtype):.6g}"
             )
     return problems
 
@@ -213,8 +271,9 @@ def recompute_modules(
 def translate(actor: ActorConfig, *, te_available: bool) -> MegatronSettings:
     """The Megatron settings for a recipe's actor section; raises MegatronSettingsError when impossible."""
     problems = model_problems(actor, te_available=te_available) + precision_problems(actor.optim)
-    if not problems and not te_available:
-        problems = te_free_optimizer_problems(actor.optim)
+    if not problems:
+        optim = actor.optim
+        problems = rounded_moment_problems(optim) if te_available else te_free_optimizer_problems(optim)
     if problems:
         raise MegatronSettingsError("\n".join(problems))
     warnings: list[str] = []

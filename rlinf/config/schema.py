@@ -185,8 +185,10 @@ class OptimConfig:
     use_precision_aware_optimizer: bool = False
     main_params_dtype: str = "fp32"  # doc: megatron master weights: fp32 or fp16 (no bf16/FP8 masters exist)
     main_grads_dtype: str = "fp32"  # doc: megatron gradient buffers / reduction: fp32 or bf16
-    exp_avg_dtype: str = "fp32"  # doc: megatron Adam first moment: fp32, fp16, bf16 or fp8
-    exp_avg_sq_dtype: str = "fp32"  # doc: megatron Adam second moment: fp32, fp16, bf16 or fp8
+    # doc: megatron Adam first moment: fp32, fp16, bf16 or fp8 (with TE's FusedAdam, which rounds to nearest, a format that cannot hold adam_beta1's decay is refused: fp8 needs adam_beta1 <= 0.9375)
+    exp_avg_dtype: str = "fp32"
+    # doc: megatron Adam second moment: fp32, fp16, bf16 or fp8 (with TE's FusedAdam, which rounds to nearest, a format that cannot hold adam_beta2's decay is refused: 0.999 needs fp32 or fp16; bf16 holds <= 0.99609)
+    exp_avg_sq_dtype: str = "fp32"
 
 
 @dataclass(frozen=True)

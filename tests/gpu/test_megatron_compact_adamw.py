@@ -14,6 +14,9 @@ megatron-core's distributed optimizer:
   12 (TE: 2 weights + 4 grads + 2 master remainder + 2 + 2 moments) or 14 (TE-free: 4-byte masters)
   with bf16 moments.
 
+Every run takes adam_beta2 0.95 (test_megatron_actor.actor_config): TE's FusedAdam rounds bf16
+moments to nearest, which loses 0.999's decay (rlinf.config.megatron_settings.rounded_moment_problems).
+
 Figures go to $RLINF_GPU_FIGURES. Run: bash tests/gpu/run_megatron_checks.sh optim
 """
 

@@ -50,7 +50,7 @@ def transformer_engine(megatron_installed) -> None:
 
 
 def config(path: Path, *, packed: bool) -> Config:
-    # the recipe's optimizer (bf16 moments in TE's FusedAdam)
+    # the precision-aware optimizer (bf16 moments in TE's FusedAdam)
     cfg = actor_config(path, "bf16", lr=1e-5, mbs=MBS, gbs=ROWS, moments="bf16")
     modules = ("moe_router", "moe_preprocess") if packed else ("attn", "moe_router", "moe_preprocess")
     model = replace(cfg.actor.model, cuda_graph_impl="transformer_engine", cuda_graph_modules=modules)

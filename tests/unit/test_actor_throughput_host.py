@@ -47,7 +47,7 @@ def test_the_actors_train_with_the_recipes_optimizer_settings():
 
     optim = recipe_optim("moonlight-16b-grpo-megatron")
     assert optim.use_precision_aware_optimizer and optim.use_distributed_optimizer
-    assert (optim.exp_avg_dtype, optim.exp_avg_sq_dtype) == ("bf16", "bf16")
+    assert (optim.exp_avg_dtype, optim.exp_avg_sq_dtype) == ("fp32", "fp32")
     assert optim.lr == 1e-6 and optim.clip_grad == 1.0
 
 

@@ -5,9 +5,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlinf.config import ConfigError, load_config
-from rlinf.config.megatron_settings import MegatronSettingsError, precision_problems, translate
+from rlinf.config.megatron_settings import (
+    MOMENT_FRACTION_BITS,
+    MegatronSettingsError,
+    decay_rounds_away,
+    decaying_beta_bound,
+    precision_problems,
+    rounded_moment_problems,
+    translate,
+)
 from rlinf.config.schema import ActorConfig, ModelConfig, OptimConfig
 from rlinf.workers.actor.megatron_state import EXPERT_WEIGHT_ORDER
 
@@ -42,16 +51,17 @@ def test_moonlight_recipe_translates_to_the_parallel_and_moe_settings_it_names()
     assert p["moe_grouped_gemm"] is True  # with Transformer Engine
     o = s.optimizer
     assert o["use_distributed_optimizer"] and o["use_precision_aware_optimizer"]
+    # fp32 moments: TE's FusedAdam would round bf16 ones to nearest (rounded_moment_problems)
     assert (o["main_params_dtype"], o["exp_avg_dtype"], o["exp_avg_sq_dtype"]) == (
         "float32",
-        "bfloat16",
-        "bfloat16",
+        "float32",
+        "float32",
     )
     assert o["lr"] == 1e-6 and o["clip_grad"] == 1.0 and o["bf16"]
     assert s.ddp["use_distributed_optimizer"] and s.warnings == ()
 
 
-def test_without_transformer_engine_fusions_are_off_and_compact_adamw_keeps_the_bf16_moments():
+def test_without_transformer_engine_fusions_are_off_and_compact_adamw_keeps_bf16_moments():
     s = translate(moonlight_actor(), te_available=False)
     p = s.provider
     assert p["transformer_impl"] == "local" and p["cross_entropy_fusion_impl"] != "te"
@@ -63,20 +73,70 @@ def test_without_transformer_engine_fusions_are_off_and_compact_adamw_keeps_the_
     assert {o[k] for k in ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")} == {
         "float32"
     }
-    # ... with its AdamW swapped for CompactAdamW holding the recipe's bf16 moments
-    assert s.compact_moments == ("bf16", "bf16")
-    assert translate(moonlight_actor(), te_available=True).compact_moments is None
+    # ... with its AdamW swapped for CompactAdamW where the moments are bf16 (the recipe's are fp32)
+    assert s.compact_moments is None
+    recipe = moonlight_actor()
+    bf16 = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    assert translate(bf16, te_available=False).compact_moments == ("bf16", "bf16")
+    assert translate(bf16, te_available=False).optimizer["exp_avg_sq_dtype"] == "float32"
     # megatron-core refuses moe_act recompute without grouped GEMM (seen on the H200): dropped, said
     assert p["recompute_granularity"] == "selective" and p["recompute_modules"] == ["core_attn"]
     assert len(s.warnings) == 1 and "moe_act" in s.warnings[0]
 
 
-def test_fp32_moments_without_transformer_engine_need_no_swap():
+def test_mixed_moments_without_transformer_engine_swap_in_compact_adamw():
     recipe = moonlight_actor()
-    fp32 = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32"))
-    assert translate(fp32, te_available=False).compact_moments is None
-    mixed = replace(recipe, optim=replace(recipe.optim, exp_avg_sq_dtype="fp32"))
+    mixed = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="bf16"))
     assert translate(mixed, te_available=False).compact_moments == ("bf16", "fp32")
+
+
+def _decay_survives_rounding(dtype: torch.dtype, fraction_bits: int, beta: float) -> list[bool]:
+    """For every significand of one binade of `dtype`: whether beta x value, rounded to nearest in
+    `dtype` by torch, differs from the value (the moment decayed)."""
+    values = 1.0 + torch.arange(2**fraction_bits, dtype=torch.float64) / 2**fraction_bits
+    stored = values.to(dtype)
+    assert torch.equal(stored.double(), values)  # every one exact in the format
+    return (torch.tensor(beta, dtype=torch.float32) * stored.float()).to(dtype).ne(stored).tolist()
+
+
+FORMATS = [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8", torch.float8_e4m3fn)]
+
+
+@pytest.mark.parametrize(("name", "dtype"), FORMATS)
+def test_the_decay_rule_agrees_with_torch_rounding_at_every_beta(name, dtype):
+    bits = MOMENT_FRACTION_BITS[name]
+    betas = [1 - d for d in torch.logspace(-0.5, -4.5, 400, dtype=torch.float64).tolist()]
+    for beta in betas:
+        assert decay_rounds_away(name, beta) == (not all(_decay_survives_rounding(dtype, bits, beta))), beta
+    assert not decay_rounds_away(name, 0.5) and decay_rounds_away(name, 0.99999)
+    # the bound the message suggests decays every value
+    assert all(_decay_survives_rounding(dtype, bits, decaying_beta_bound(name)))
+    assert not decay_rounds_away(name, decaying_beta_bound(name))
+
+
+def test_bf16_second_moment_at_beta2_0999_never_decays_in_fused_adam_and_is_refused_with_transformer_engine():
+    assert not any(_decay_survives_rounding(torch.bfloat16, 7, 0.999))  # frozen at every value
+    recipe = moonlight_actor()
+    frozen = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    with pytest.raises(
+        MegatronSettingsError, match=r"actor.optim.exp_avg_sq_dtype: bf16 with adam_beta2 0.999: .*FusedAdam"
+    ) as error:
+        translate(frozen, te_available=True)
+    assert "use exp_avg_sq_dtype: fp32, or adam_beta2 <= 0.996094" in str(error.value)
+    assert isinstance(error.value, ConfigError)  # a worker raising it exits as a config error
+    # rlinf's CompactAdamW (no TE) rounds stochastically: the decay survives in expectation
+    assert translate(frozen, te_available=False).compact_moments == ("bf16", "bf16")
+    # DeepSeek-V3's beta2 0.95 decays 5% a step, which bf16 holds
+    deepseek = replace(frozen, optim=replace(frozen.optim, adam_beta2=0.95))
+    assert translate(deepseek, te_available=True).optimizer["exp_avg_sq_dtype"] == "bfloat16"
+    # the first moment's 0.9 decays 10% a step: bf16 and even FP8 hold it; FP8 cannot hold 0.99
+    fp8 = replace(recipe, optim=replace(recipe.optim, exp_avg_dtype="fp8"))
+    translate(fp8, te_available=True)
+    slow = replace(fp8, optim=replace(fp8.optim, adam_beta1=0.99))
+    with pytest.raises(MegatronSettingsError, match="actor.optim.exp_avg_dtype: fp8 with adam_beta1 0.99"):
+        translate(slow, te_available=True)
+    # fp32 moments, or no precision-aware optimizer, round nothing
+    assert rounded_moment_problems(replace(recipe.optim, exp_avg_dtype="fp32")) == []
 
 
 @pytest.mark.parametrize(

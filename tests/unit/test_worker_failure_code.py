@@ -4,6 +4,7 @@ WorkerError's cause, as rlinf.scheduler.worker_group raises it) exits with that 
 import pytest
 
 from rlinf.config import exit_codes
+from rlinf.config.megatron_settings import MegatronSettingsError
 from rlinf.config.typed import ConfigError
 from rlinf.data.records import DatasetError
 from rlinf.runners.main import worker_failure_code
@@ -24,6 +25,11 @@ def raised_from(cause: BaseException | None) -> WorkerError:
         (CheckpointError("step_4/actor/optimizer.pt: corrupt"), exit_codes.CHECKPOINT),
         (DatasetError("train.jsonl:3: not JSON"), exit_codes.DATA),
         (ConfigError("actor.x: unknown key"), exit_codes.CONFIG),
+        # what the actor's workers decide with Transformer Engine known (rlinf.config.megatron_settings)
+        (
+            MegatronSettingsError("actor.optim.exp_avg_sq_dtype: bf16 with adam_beta2 0.999"),
+            exit_codes.CONFIG,
+        ),
         (RuntimeError("CUDA error"), exit_codes.RUN_FAILED),
         (None, exit_codes.RUN_FAILED),
     ],
